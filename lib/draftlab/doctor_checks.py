@@ -1,0 +1,749 @@
+"""Static checks of an EAGLE-3 draft against its target and the SGLang flags that will serve it.
+
+Every check here is a line of /work/shared/docs/eagle3-contract.md that SGLang does not enforce
+itself: a draft that breaks it either fails at start-up (the lucky case) or serves with
+acceptance length near 1.0 and no error. Only configs and safetensors headers are read; the one
+exception is the two small index tensors `d2t` and `t2d` (Vd and V entries), whose values are
+the thing being checked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from draftlab.launch import ServerSettings, set_flag
+
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"
+SEVERITIES = ("error", "warning", "info", "ok")
+# Prefixes that training frameworks leave on names; SGLang's loader skips such names silently.
+KNOWN_PREFIXES = ("draft_model.", "model.", "module.", "_orig_mod.", "eagle.", "draft.")
+DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
+
+
+class DoctorInputError(Exception):
+    """An input doctor cannot read. `str()` is one line naming the file."""
+
+    def __init__(self, where, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = str(where)
+
+
+@dataclass
+class Finding:
+    """One check's verdict: what is wrong, why it matters, and the exact fix."""
+
+    check: str
+    severity: str  # error | warning | info | ok
+    what: str
+    why: str = ""
+    fix: str = ""
+    where: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a file, or a one-line DoctorInputError naming the file and position."""
+    path = Path(path)
+    if not path.is_file():
+        raise DoctorInputError(path, "file not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DoctorInputError(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DoctorInputError(path, f"cannot be read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise DoctorInputError(path, f"expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@dataclass
+class DraftFiles:
+    """A draft folder as doctor sees it: its config and the name -> (shape, dtype) of each tensor."""
+
+    folder: Path
+    config: dict
+    tensors: dict  # name -> (tuple shape, str dtype)
+    weight_files: list
+    d2t: object = None  # torch.Tensor [Vd] or None
+    t2d: object = None  # torch.Tensor [V] or None
+    notes: list = field(default_factory=list)
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / "config.json"
+
+    @property
+    def eagle_config(self) -> dict:
+        cfg = self.config.get("eagle_config")
+        return cfg if isinstance(cfg, dict) else {}
+
+    @property
+    def uses_aux(self) -> bool:
+        """EAGLE-3 drafts take three target layers through fc; EAGLE-1-style ones the final state."""
+        if "use_aux_hidden_state" in self.eagle_config:
+            return bool(self.eagle_config["use_aux_hidden_state"])
+        return "fc.weight" in self.tensors or EAGLE3_ARCH in (self.config.get("architectures") or [])
+
+
+def read_draft(folder) -> DraftFiles:
+    """Read a draft folder's config.json and safetensors headers (plus the d2t/t2d index tensors)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DoctorInputError(folder, "draft folder not found")
+    config = read_json(folder / "config.json")
+    files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else sorted(folder.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = f" (found {', '.join(other)}: draftlab reads safetensors only)" if other else ""
+        raise DoctorInputError(folder / "model.safetensors", f"file not found{hint}")
+    tensors, d2t, t2d, notes = {}, None, None, []
+    if files[0].name != "model.safetensors":
+        notes.append(f"weights are in {', '.join(p.name for p in files)}, the contract asks for one model.safetensors")
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                for name in fh.keys():
+                    part = fh.get_slice(name)
+                    tensors[name] = (tuple(part.get_shape()), str(part.get_dtype()))
+                    if name == "d2t":
+                        d2t = fh.get_tensor(name)
+                    elif name == "t2d":
+                        t2d = fh.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            raise DoctorInputError(path, f"not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
+    return DraftFiles(folder=folder, config=config, tensors=tensors, weight_files=files, d2t=d2t, t2d=t2d, notes=notes)
+
+
+@dataclass
+class TargetInfo:
+    """The target's shape, read from its config.json only."""
+
+    spec: str
+    config_path: Path
+    config: dict
+
+    @property
+    def text(self) -> dict:
+        """The language-model part of the config (multimodal configs nest it under text_config)."""
+        if "hidden_size" not in self.config and isinstance(self.config.get("text_config"), dict):
+            return self.config["text_config"]
+        return self.config
+
+    def _int(self, key):
+        value = self.text.get(key)
+        if value is None:
+            raise DoctorInputError(self.config_path, f"field {key!r} missing from the target config")
+        return int(value)
+
+    @property
+    def hidden_size(self) -> int:
+        return self._int("hidden_size")
+
+    @property
+    def num_layers(self) -> int:
+        return self._int("num_hidden_layers")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._int("vocab_size")
+
+    @property
+    def max_position_embeddings(self):
+        return self.text.get("max_position_embeddings")
+
+    @property
+    def model_type(self) -> str:
+        return str(self.text.get("model_type") or self.config.get("model_type") or "")
+
+    @property
+    def is_deepseek(self) -> bool:
+        archs = " ".join(self.config.get("architectures") or [])
+        return self.model_type in DEEPSEEK_MODEL_TYPES or "Deepseek" in archs
+
+    @property
+    def default_capture(self) -> list:
+        """SGLang's default capture ids ("input of layer i" = transformers hidden_states[i])."""
+        n = self.num_layers
+        return [2, n // 2, n - 3]
+
+
+def load_target_info(spec: str) -> TargetInfo:
+    """A target's config.json without its weights: a folder, a config file, embedded/tiny, or a Hub id."""
+    path = Path(str(spec)).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return TargetInfo(str(spec), path, read_json(path))
+    if path.is_dir():
+        return TargetInfo(str(spec), path / "config.json", read_json(path / "config.json"))
+    if path.suffix == ".gguf" or str(spec) in ("embedded", "tiny"):
+        from draftlab.target import TargetError, resolve_path
+
+        try:
+            folder = resolve_path(str(spec))
+        except TargetError as exc:
+            raise DoctorInputError(spec, str(exc)) from exc
+        return TargetInfo(str(spec), folder / "config.json", read_json(folder / "config.json"))
+    if path.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
+        raise DoctorInputError(spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub id)")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        local = hf_hub_download(repo_id=str(spec), filename="config.json")
+    except Exception as exc:  # offline, gated, or no such repository
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub ({type(exc).__name__}: {msg})") from exc
+    return TargetInfo(str(spec), Path(local), read_json(Path(local)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's tensor table
+# ---------------------------------------------------------------------------------------------
+
+
+def expected_tensors(config: dict, target_hidden: int, uses_aux: bool = True) -> dict:
+    """name -> shape that SGLang's LlamaForCausalLMEagle3 allocates for this draft config."""
+    h = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads") or heads)
+    hd = int(config.get("head_dim") or h // heads)
+    inter = int(config["intermediate_size"])
+    vd = int(config.get("draft_vocab_size") or config["vocab_size"])
+    shapes = {
+        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": (inter, h),
+        "midlayer.mlp.up_proj.weight": (inter, h),
+        "midlayer.mlp.down_proj.weight": (h, inter),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+        "d2t": (vd,),
+        "t2d": (int(config["vocab_size"]),),
+    }
+    if uses_aux:
+        shapes["fc.weight"] = (h, 3 * target_hidden)
+    return shapes
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _config_fix(key: str, value) -> str:
+    return f"set \"{key}\": {json.dumps(value)} in config.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: each returns a list of Findings (an "ok" Finding when it passed)
+# ---------------------------------------------------------------------------------------------
+
+
+def check_architecture(d: DraftFiles) -> list:
+    where = str(d.config_path)
+    out = []
+    archs = d.config.get("architectures")
+    if archs != [EAGLE3_ARCH] and d.uses_aux:
+        out.append(Finding(
+            "architectures", "error", f"architectures is {archs!r}, not [\"{EAGLE3_ARCH}\"]",
+            "SGLang picks the draft model class from this field; another class builds a different network "
+            "(LlamaForCausalLMEagle is EAGLE-2, LlamaForCausalLM a plain model) or refuses the weights",
+            _config_fix("architectures", [EAGLE3_ARCH]), where))
+    else:
+        out.append(Finding("architectures", "ok", f"architectures {archs!r}", where=where))
+    if d.config.get("model_type") != "llama":
+        out.append(Finding(
+            "architectures", "warning", f"model_type is {d.config.get('model_type')!r}, not \"llama\"",
+            "SGLang builds the config object from model_type; the EAGLE-3 draft class reads Llama fields",
+            _config_fix("model_type", "llama"), where))
+    if d.config.get("num_hidden_layers") != 1:
+        out.append(Finding(
+            "architectures", "warning", f"num_hidden_layers is {d.config.get('num_hidden_layers')!r}, not 1",
+            "SGLang's EAGLE-3 draft has exactly one decoder layer (midlayer); other values are ignored or misread",
+            _config_fix("num_hidden_layers", 1), where))
+    return out
+
+
+def check_hidden_size(d: DraftFiles, t: TargetInfo) -> list:
+    h = d.config.get("hidden_size")
+    if h != t.hidden_size:
+        return [Finding(
+            "hidden_size", "error", f"draft hidden_size {h} differs from the target's {t.hidden_size}",
+            "the draft shares the target's token embedding and consumes its hidden states: both must be "
+            f"{t.hidden_size} wide, otherwise start-up fails or the draft was trained for another target",
+            f"train the draft for this target (hidden {t.hidden_size}), or serve it with the target it was trained on",
+            str(d.config_path))]
+    return [Finding("hidden_size", "ok", f"hidden_size {h} = target's", where=str(d.config_path))]
+
+
+def check_fc_width(d: DraftFiles, t: TargetInfo) -> list:
+    if not d.uses_aux:
+        return [Finding("fc_width", "info", "EAGLE-1-style draft (no aux hidden states): no fc to check", where=str(d.folder))]
+    shape = d.tensors.get("fc.weight", (None, None))[0] if "fc.weight" in d.tensors else None
+    if shape is None:
+        return []  # reported by check_tensor_names as a missing tensor
+    want = 3 * t.hidden_size
+    if len(shape) != 2 or shape[1] != want:
+        got = shape[1] if len(shape) == 2 else shape
+        return [Finding(
+            "fc_width", "error",
+            f"fc.weight is {_fmt(shape)}: it takes {got} inputs, but the target delivers 3 x {t.hidden_size} = {want}",
+            "SGLang runs fc only when the incoming width differs from H; an fc of the wrong width either fails at "
+            "start-up or projects hidden states the draft never saw in training",
+            f"export fc.weight as [{d.config.get('hidden_size')}, {want}] (three captured layers of the {t.hidden_size}-wide target)",
+            str(d.weight_files[0]))]
+    return [Finding("fc_width", "ok", f"fc.weight {_fmt(shape)} takes 3 x {t.hidden_size}", where=str(d.weight_files[0]))]
+
+
+def effective_capture(ids: list, deepseek: bool) -> list:
+    """The hidden_states indices SGLang captures for config ids (the DeepSeek quirk included)."""
+    if deepseek and ids and ids[0] != 1:
+        return list(ids)  # DeepSeek-family models add 1 only when the first id is 1
+    return [i + 1 for i in ids]
+
+
+def trained_capture(d: DraftFiles):
+    """The hidden_states indices the draft was trained on, when the export recorded them."""
+    meta = d.config.get("draftlab")
+    if isinstance(meta, dict) and isinstance(meta.get("capture_layers"), list):
+        return [int(i) for i in meta["capture_layers"]]
+    return None
+
+
+def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
+    where = str(d.config_path)
+    if not d.uses_aux:
+        if d.eagle_config.get("use_aux_hidden_state") is False and "fc.weight" in d.tensors:
+            return [Finding(
+                "capture_layers_present", "error", "eagle_config.use_aux_hidden_state is false but the draft has fc.weight",
+                "SGLang then captures no aux layers: the target sends its final state (width H), fc is bypassed and "
+                "acceptance length collapses to ~1.0 with no error",
+                _config_fix("eagle_config", {**d.eagle_config, "use_aux_hidden_state": True}), where)]
+        return [Finding("capture_layers_present", "info", "EAGLE-1-style draft: no capture layers", where=where)]
+    n = t.num_layers
+    default_cfg_ids = [i - 1 for i in t.default_capture]  # config ids that give SGLang's default capture
+    ids = d.eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        return [Finding(
+            "capture_layers_present", "warning", "eagle_config.eagle_aux_hidden_state_layer_ids is missing",
+            f"SGLang then silently captures its default hidden_states{t.default_capture} of this {n}-layer target; "
+            "if the draft was trained on other layers it serves with low acceptance and no error",
+            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
+            + " (the ids of the layers the draft was trained on; these are SGLang's default)", where)]
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return [Finding("capture_layers_present", "error", f"eagle_aux_hidden_state_layer_ids is {ids!r}, not a list of ints",
+                        "SGLang cannot set the capture layers", _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids}), where)]
+    out = [Finding("capture_layers_present", "ok", f"eagle_aux_hidden_state_layer_ids {ids}", where=where)]
+    captured = effective_capture(ids, t.is_deepseek)
+    bad = [i for i, c in zip(ids, captured) if not 1 <= c <= n - 1]
+    if len(ids) != 3 or bad:
+        out.append(Finding(
+            "capture_layers_range", "error",
+            f"layer ids {ids} select hidden_states{captured} of a {n}-layer target"
+            + (f"; {bad} fall outside it" if bad else f"; {len(ids)} ids instead of 3"),
+            "SGLang captures the input of decoder layer id+1 for each id; a layer that does not exist is never "
+            "captured, so the concatenation is narrower than fc expects (start-up or first-step failure)",
+            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
+            + " (or the ids the draft was really trained on)", where))
+        return out
+    out.append(Finding("capture_layers_range", "ok", f"ids {ids} -> hidden_states{captured}, inside 1..{n - 1}", where=where))
+    if ids != sorted(set(ids)):
+        out.append(Finding(
+            "capture_layers_range", "warning", f"layer ids {ids} are not strictly increasing",
+            "the draft's fc was trained on the concatenation (low, mid, high); SGLang concatenates in the order captured",
+            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": sorted(set(ids))}), where))
+    trained = trained_capture(d)
+    if trained is not None and captured != trained:
+        check = "capture_layers_deepseek" if t.is_deepseek else "capture_layers_convention"
+        want_ids = [c - 1 for c in trained]
+        if t.is_deepseek and want_ids[0] != 1:
+            want_ids = list(trained)  # taken as-is by DeepSeek models
+        fix = _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": want_ids, "use_aux_hidden_state": True})
+        if t.is_deepseek and effective_capture(want_ids, True) != trained:
+            fix = "no id list makes a DeepSeek-family SGLang model capture these layers; retrain on capturable layers"
+        out.append(Finding(
+            check, "error",
+            f"the draft was trained on hidden_states{trained} but SGLang will capture hidden_states{captured} from ids {ids}",
+            "off-by-one capture feeds fc states from the neighbouring layers: no error, lower acceptance", fix, where))
+    elif trained is None and not t.is_deepseek and ids == t.default_capture:
+        out.append(Finding(
+            "capture_layers_convention", "warning",
+            f"ids {ids} equal SGLang's default capture written as \"input of layer\" ids; SGLang adds 1 to config ids "
+            f"and will capture hidden_states{captured}",
+            "config ids follow the \"output of layer i\" convention ([1, N//2-1, N-4] for the default set); "
+            "writing the input-of-layer ids shifts every captured layer by one, silently",
+            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
+            + f" if the draft was trained on hidden_states{t.default_capture}", where))
+    else:
+        out.append(Finding("capture_layers_convention", "ok",
+                           f"ids {ids} read as output-of-layer ids -> hidden_states{captured}"
+                           + (" (matches the recorded training layers)" if trained else ""), where=where))
+    if t.is_deepseek:
+        llama_reading = [i + 1 for i in ids]
+        if ids[0] != 1 and trained is None:
+            out.append(Finding(
+                "capture_layers_deepseek", "warning",
+                f"on this DeepSeek-family target SGLang uses ids {ids} as they are (it adds 1 only when the first id is 1): "
+                f"it captures hidden_states{captured}, where a Llama-family target would capture hidden_states{llama_reading}",
+                "the same draft config means different layers on the two families; a draft trained with output-of-layer ids "
+                "is fed states one layer early, with no error",
+                (_config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": llama_reading, "use_aux_hidden_state": True})
+                 + f" if the draft was trained on hidden_states{llama_reading}" if llama_reading[0] != 1 else
+                 f"if the draft was trained on hidden_states{llama_reading}, no id list captures them on DeepSeek: retrain")
+                + "; add \"draftlab\": {\"capture_layers\": [...]} to config.json so doctor can check it", where))
+        elif trained is None or captured == trained:
+            out.append(Finding("capture_layers_deepseek", "ok",
+                               f"DeepSeek-family target, first id {ids[0]}: SGLang adds 1 -> hidden_states{captured}"
+                               if ids[0] == 1 else f"DeepSeek-family target: ids used as-is -> hidden_states{captured}",
+                               where=where))
+    return out
+
+
+def check_vocab(d: DraftFiles, t: TargetInfo) -> list:
+    """vocab_size vs target, draft_vocab_size vs d2t and lm_head, t2d vs the target vocabulary."""
+    where_cfg, where_w = str(d.config_path), str(d.weight_files[0])
+    out = []
+    v = d.config.get("vocab_size")
+    if v != t.vocab_size:
+        out.append(Finding(
+            "vocab_size", "error", f"draft vocab_size {v} differs from the target's {t.vocab_size}",
+            "the draft shares the target's embedding and maps draft ids into the target vocabulary",
+            _config_fix("vocab_size", t.vocab_size) + " (and rebuild d2t/t2d for this target)", where_cfg))
+    else:
+        out.append(Finding("vocab_size", "ok", f"vocab_size {v} = target's", where=where_cfg))
+    vd = d.config.get("draft_vocab_size")
+    lm = d.tensors.get("lm_head.weight", ((None,), ""))[0]
+    d2t_len = d.tensors["d2t"][0][0] if "d2t" in d.tensors and d.tensors["d2t"][0] else None
+    if vd is None:
+        out.append(Finding(
+            "draft_vocab", "error" if lm[0] != v else "warning", "draft_vocab_size is missing from config.json",
+            f"SGLang then sizes lm_head by vocab_size ({v}); the exported lm_head has {lm[0]} rows",
+            _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len), where_cfg))
+    else:
+        problems = []
+        if d2t_len is not None and d2t_len != vd:
+            problems.append(f"d2t has {d2t_len} entries")
+        if lm[0] is not None and lm[0] != vd:
+            problems.append(f"lm_head.weight has {lm[0]} rows")
+        if problems:
+            out.append(Finding(
+                "draft_vocab", "error", f"draft_vocab_size is {vd} but " + " and ".join(problems),
+                "lm_head is allocated with draft_vocab_size rows and d2t maps each of them: a mismatch fails at "
+                "start-up or maps draft tokens to the wrong target tokens",
+                _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len) + " (the size the draft was trained with)",
+                where_cfg))
+        else:
+            out.append(Finding("draft_vocab", "ok", f"draft_vocab_size {vd} = d2t length = lm_head rows", where=where_cfg))
+    if "t2d" in d.tensors:
+        t2d_len = d.tensors["t2d"][0][0] if d.tensors["t2d"][0] else None
+        if t2d_len != t.vocab_size:
+            out.append(Finding(
+                "t2d_size", "error", f"t2d has {t2d_len} entries, the target vocabulary {t.vocab_size}",
+                "t2d marks which target tokens the draft can propose; its length must be the target's vocabulary",
+                f"rebuild t2d as a bool tensor of {t.vocab_size} entries (true at target ids draft_id + d2t[draft_id])", where_w))
+        else:
+            out.append(Finding("t2d_size", "ok", f"t2d has {t2d_len} entries = target vocabulary", where=where_w))
+    return out
+
+
+def check_d2t_mapping(d: DraftFiles, t: TargetInfo) -> list:
+    """d2t must map every draft id to a distinct, valid target id; t2d must agree with it."""
+    import torch
+
+    where = str(d.weight_files[0])
+    if d.d2t is None:
+        return []  # a missing d2t is reported by check_tensor_names
+    out = []
+    d2t = d.d2t
+    if d2t.dtype != torch.int64:
+        out.append(Finding("d2t_mapping", "warning", f"d2t is {d2t.dtype}, the contract says int64",
+                           "SGLang adds d2t to int64 ids; other dtypes are converted or overflow on large vocabularies",
+                           "save d2t as torch.int64", where))
+    target_ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)  # [Vd]
+    bad = ((target_ids < 0) | (target_ids >= t.vocab_size)).nonzero().flatten()
+    dup = target_ids.numel() - torch.unique(target_ids).numel()
+    if bad.numel() or dup:
+        parts = []
+        if bad.numel():
+            first = int(bad[0])
+            parts.append(f"{bad.numel()} draft ids map outside 0..{t.vocab_size - 1} (e.g. draft id {first} -> {int(target_ids[first])})")
+        if dup:
+            parts.append(f"{dup} target ids are reached by more than one draft id")
+        out.append(Finding(
+            "d2t_mapping", "error", "d2t is not a valid offset map: " + "; ".join(parts),
+            "SGLang proposes target id draft_id + d2t[draft_id]: invalid ids crash the sampler or propose tokens "
+            "the verifier always rejects",
+            "rebuild d2t as sorted_target_ids - arange(Vd) from the draft vocabulary (target ids sorted ascending)", where))
+        return out
+    if not bool((target_ids[1:] > target_ids[:-1]).all()):
+        out.append(Finding("d2t_mapping", "warning", "d2t maps draft ids to target ids out of ascending order",
+                           "the contract's draft vocabulary is sorted by target id; an unsorted map suggests a different build",
+                           "rebuild d2t from the target ids sorted ascending", where))
+    if d.t2d is not None and d.t2d.numel() == t.vocab_size:
+        t2d = d.t2d.to(torch.bool)
+        agree = bool(t2d[target_ids].all()) and int(t2d.sum()) == target_ids.numel()
+        if not agree:
+            out.append(Finding(
+                "d2t_mapping", "warning", f"t2d marks {int(t2d.sum())} target tokens but d2t reaches {target_ids.numel()} (or others)",
+                "t2d and d2t describe the same vocabulary; disagreement means one of them is from another export",
+                "rebuild t2d: t2d = zeros(V, bool); t2d[arange(Vd) + d2t] = True", where))
+    if not out:
+        out.append(Finding("d2t_mapping", "ok", f"d2t maps {target_ids.numel()} draft ids to distinct valid target ids", where=where))
+    return out
+
+
+def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
+    """Unknown or prefixed names (skipped silently by SGLang), missing names, wrong shapes."""
+    where = str(d.weight_files[0])
+    try:
+        expected = expected_tensors(d.config, t.hidden_size, d.uses_aux)
+    except (KeyError, TypeError, ValueError) as exc:
+        return [Finding("architectures", "error", f"config.json lacks a field SGLang needs ({exc})",
+                        "SGLang builds the draft's layers from these fields", "write the full Llama config fields listed in the contract",
+                        str(d.config_path))]
+    out = []
+    found = set(d.tensors)
+    unknown = sorted(found - set(expected))
+    missing = sorted(set(expected) - found)
+    prefixed = {}
+    for name in unknown:
+        for prefix in KNOWN_PREFIXES:
+            if name.startswith(prefix) and name[len(prefix):] in expected:
+                prefixed[name] = name[len(prefix):]
+        if name.startswith("layers.0.") and "midlayer." + name[len("layers.0."):] in expected:
+            prefixed[name] = "midlayer." + name[len("layers.0."):]
+    if prefixed:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in list(prefixed.items())[:4])
+        out.append(Finding(
+            "unknown_tensors", "error", f"{len(prefixed)} tensors carry a prefix or old name SGLang does not know ({pairs})",
+            "SGLang's loader skips unknown names silently: those layers stay randomly initialised and acceptance collapses",
+            "rename them in model.safetensors: " + pairs, where))
+    others = [n for n in unknown if n not in prefixed]
+    if others:
+        embed = [n for n in others if n.endswith("embed_tokens.weight")]
+        rest = [n for n in others if n not in embed]
+        if rest:
+            out.append(Finding(
+                "unknown_tensors", "warning", f"{len(rest)} tensors SGLang would skip: {', '.join(rest[:5])}",
+                "unknown names are dropped without a message; if the draft needs them (e.g. biases) it serves differently "
+                "from how it was trained", "remove them, or rename them to contract names", where))
+        if embed:
+            out.append(Finding(
+                "unknown_tensors", "info", f"{embed[0]} is saved",
+                "the token embedding is shared with the target in SGLang; a saved copy is dead weight",
+                f"drop {embed[0]} from the export", where))
+    if not prefixed and not others:
+        out.append(Finding("unknown_tensors", "ok", f"all {len(found)} tensor names are contract names", where=where))
+    if missing:
+        out.append(Finding(
+            "missing_tensors", "error", f"missing tensors: {', '.join(missing)}",
+            "SGLang does not complain about a missing weight: the layer keeps its random initialisation",
+            "export every tensor of the contract's table (" + ", ".join(missing[:3]) + ("..." if len(missing) > 3 else "") + ")", where))
+    else:
+        out.append(Finding("missing_tensors", "ok", f"all {len(expected)} contract tensors present", where=where))
+    own_checks = {"fc.weight", "lm_head.weight", "d2t", "t2d"}  # their shapes have dedicated checks
+    wrong = [(n, d.tensors[n][0], expected[n]) for n in sorted(found & set(expected)) if n not in own_checks and tuple(d.tensors[n][0]) != expected[n]]
+    if wrong:
+        desc = "; ".join(f"{n} is {_fmt(g)}, config implies {_fmt(w)}" for n, g, w in wrong[:4])
+        out.append(Finding(
+            "tensor_shapes", "error", desc,
+            "a known name with a wrong shape fails at SGLang start-up (or the config describes another network)",
+            "make config.json (hidden_size, heads, head_dim, intermediate_size) match the exported weights; "
+            "q/k/v_proj take 2 x hidden_size inputs", where))
+    else:
+        out.append(Finding("tensor_shapes", "ok", "tensor shapes match config.json", where=where))
+    return out
+
+
+def _rope(cfg: dict) -> tuple:
+    """(theta, scaling dict or None) from legacy keys or transformers 5's rope_parameters."""
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params.get("rope_type") not in (None, "default"):
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if isinstance(scaling, dict):
+        scaling = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
+        if scaling.get("rope_type") in (None, "default"):
+            scaling = None
+    return (float(theta) if theta is not None else None), scaling
+
+
+def check_rope(d: DraftFiles, t: TargetInfo) -> list:
+    where = str(d.config_path)
+    out = []
+    d_theta, d_scaling = _rope(d.config)
+    t_theta, t_scaling = _rope(t.text)
+    if "rope_theta" not in d.config and "rope_parameters" in d.config:
+        out.append(Finding(
+            "rope", "warning", "rope_theta is only inside rope_parameters (transformers 5 layout)",
+            "SGLang's config reading (transformers 4.x) looks for the legacy rope_theta/rope_scaling keys and falls "
+            "back to theta 10000 without them",
+            _config_fix("rope_theta", d_theta) + (f" and \"rope_scaling\": {json.dumps(d_scaling)}" if d_scaling else ""), where))
+    if d_theta is not None and t_theta is not None and abs(d_theta - t_theta) > 1e-6 * max(1.0, t_theta):
+        out.append(Finding(
+            "rope", "warning", f"draft rope_theta {d_theta:g} differs from the target's {t_theta:g}",
+            "the draft attends over the target's positions; a different rotary base shifts every position the draft sees",
+            _config_fix("rope_theta", t_theta) + " if the draft was trained with the target's rope", where))
+    if (d_scaling or None) != (t_scaling or None):
+        out.append(Finding(
+            "rope", "warning", f"draft rope_scaling {d_scaling} differs from the target's {t_scaling}",
+            "long-context scaling must match the positions the target serves, or draft quality drops past the original window",
+            _config_fix("rope_scaling", t_scaling) + " if the draft was trained with the target's rope", where))
+    if not out:
+        out.append(Finding("rope", "ok", f"rope theta {d_theta:g}, scaling {d_scaling} = target's" if d_theta else "rope as target's", where=where))
+    return out
+
+
+def check_tie_embeddings(d: DraftFiles) -> list:
+    where = str(d.config_path)
+    if d.config.get("tie_word_embeddings") is True:
+        return [Finding(
+            "tie_word_embeddings", "error", "tie_word_embeddings is true",
+            "a tied draft takes its lm_head from the (shared, target-sized) embedding: the trained lm_head over the "
+            "draft vocabulary is ignored", _config_fix("tie_word_embeddings", False), where)]
+    return [Finding("tie_word_embeddings", "ok", f"tie_word_embeddings {d.config.get('tie_word_embeddings', False)}", where=where)]
+
+
+def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
+    where = str(d.config_path)
+    mpe = d.config.get("max_position_embeddings")
+    contexts = [(s, s.context_length) for s in servers if s.is_speculative and s.context_length]
+    if not contexts:
+        contexts = [(None, t.max_position_embeddings)] if t.max_position_embeddings else []
+    out = []
+    for server, ctx in contexts:
+        source = f"--context-length {ctx} of {server.source[:60]}" if server else f"the target's max_position_embeddings ({ctx}, SGLang's default context)"
+        if mpe is None:
+            out.append(Finding("context_length", "warning", "max_position_embeddings is missing from config.json",
+                               "SGLang compares it with the server's context length at start-up", _config_fix("max_position_embeddings", int(ctx)), where))
+        elif int(mpe) < int(ctx):
+            allowed = server is not None and server.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
+            fix = _config_fix("max_position_embeddings", int(ctx))
+            if server is not None and server.command:
+                fix += f", or serve a shorter context: {set_flag(server.command, '--context-length', int(mpe))}"
+            out.append(Finding(
+                "context_length", "warning" if allowed else "error",
+                f"draft max_position_embeddings {mpe} < context length {ctx} ({source})",
+                "SGLang refuses to start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+                + (" (set here: the draft will see positions it was never configured for)" if allowed else ""),
+                fix, where))
+        else:
+            out.append(Finding("context_length", "ok", f"max_position_embeddings {mpe} >= context length {ctx}", where=where))
+    return out
+
+
+def check_algorithm(d: DraftFiles | None, servers: list) -> list:
+    out = []
+    for s in servers:
+        if not s.is_speculative:
+            continue
+        algo = s.speculative_algorithm
+        eagle3_draft = d is None or d.uses_aux
+        if eagle3_draft and algo != "EAGLE3":
+            fix = set_flag(s.command, "--speculative-algorithm", "EAGLE3") if s.command else "restart the server with --speculative-algorithm EAGLE3"
+            out.append(Finding(
+                "algorithm", "error", f"an EAGLE-3 draft served with --speculative-algorithm {algo}",
+                "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final hidden state "
+                "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and acceptance "
+                "length sits at ~1.0 with no error",
+                fix, s.source))
+        elif not eagle3_draft and algo == "EAGLE3":
+            fix = set_flag(s.command, "--speculative-algorithm", "EAGLE") if s.command else "restart the server with --speculative-algorithm EAGLE"
+            out.append(Finding(
+                "algorithm", "error", "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
+                "EAGLE3 sends a 3H-wide concatenation the draft has no fc for", fix, s.source))
+        else:
+            out.append(Finding("algorithm", "ok", f"--speculative-algorithm {algo} fits the draft", where=s.source))
+        if algo in ("EAGLE", "EAGLE3") and not s.draft_model_path and s.command:
+            out.append(Finding(
+                "algorithm", "error", f"--speculative-algorithm {algo} without --speculative-draft-model-path",
+                "SGLang needs the draft folder for EAGLE-family algorithms",
+                set_flag(s.command, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"), s.source))
+        elif d is not None and s.draft_model_path and Path(s.draft_model_path).exists() and Path(s.draft_model_path).resolve() != d.folder.resolve():
+            out.append(Finding(
+                "algorithm", "warning", f"the server loads the draft from {s.draft_model_path}, not the checked {d.folder}",
+                "doctor checked another folder than the one the server will load",
+                f"run doctor with --draft {s.draft_model_path}, or point --speculative-draft-model-path at {d.folder}", s.source))
+    return out
+
+
+def check_topk_draft_tokens(servers: list) -> list:
+    out = []
+    for s in servers:
+        if not s.is_speculative or s.eagle_topk != 1 or s.num_steps is None or s.num_draft_tokens is None:
+            continue
+        want = s.num_steps + 1
+        if s.num_draft_tokens != want:
+            fix = set_flag(s.command, "--speculative-num-draft-tokens", want) if s.command else f"--speculative-num-draft-tokens {want}"
+            out.append(Finding(
+                "topk_draft_tokens", "warning",
+                f"--speculative-eagle-topk 1 with --speculative-num-draft-tokens {s.num_draft_tokens} != steps + 1 = {want}",
+                f"with topk 1 SGLang forces num_draft_tokens = steps + 1 = {want}: the value you give is ignored, and "
+                "anything recorded from the command (benchmark tables) is wrong",
+                fix, s.source))
+        else:
+            out.append(Finding("topk_draft_tokens", "ok", f"topk 1, {s.num_steps} steps, {s.num_draft_tokens} draft tokens", where=s.source))
+    return out
+
+
+def check_max_running_requests(servers: list) -> list:
+    """A baseline and a speculative server must run with the same --max-running-requests."""
+    if len(servers) < 2:
+        return []
+    values = [(s, s.effective_max_running_requests) for s in servers]
+    if len({v for _, v in values}) == 1:
+        return [Finding("max_running_requests", "ok", f"all {len(servers)} servers run with --max-running-requests {values[0][1]}",
+                        where="; ".join(s.source[:40] for s in servers))]
+    explicit = [s.max_running_requests for s in servers if s.max_running_requests is not None]
+    value = min(explicit) if explicit else 48
+    described = ", ".join(
+        f"{'speculative' if s.is_speculative else 'baseline'} {v if v is not None else 'auto (sized from memory)'}"
+        + ("" if s.max_running_requests is not None else (" (EAGLE default)" if v is not None else ""))
+        for s, v in values)
+    fixes = [set_flag(s.command, "--max-running-requests", value) for s in servers if s.command]
+    return [Finding(
+        "max_running_requests", "error", f"unequal --max-running-requests: {described}",
+        "EAGLE-family servers cap running requests at 48 unless told otherwise; a baseline with a larger batch makes "
+        "the speed comparison unfair",
+        " ; ".join(fixes) if fixes else f"start every server with --max-running-requests {value}",
+        "; ".join(s.source[:40] for s in servers))]
+
+
+def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: list) -> list:
+    """All static checks that the given inputs allow, in the contract's order."""
+    findings = []
+    findings += check_algorithm(draft, servers)
+    if draft is not None:
+        for note in draft.notes:
+            findings.append(Finding("files", "warning", note, "SGLang loads every safetensors file; the contract ships one",
+                                    "save one model.safetensors", str(draft.folder)))
+        findings += check_architecture(draft)
+    if draft is not None and target is not None:
+        findings += check_hidden_size(draft, target)
+        findings += check_fc_width(draft, target)
+        findings += check_capture_layers(draft, target)
+        findings += check_vocab(draft, target)
+        findings += check_d2t_mapping(draft, target)
+        findings += check_context_length(draft, target, servers)
+        findings += check_rope(draft, target)
+        findings += check_tensor_names(draft, target)
+    if draft is not None:
+        findings += check_tie_embeddings(draft)
+    findings += check_topk_draft_tokens(servers)
+    findings += check_max_running_requests(servers)
+    return findings

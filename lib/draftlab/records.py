@@ -1,0 +1,90 @@
+"""Canonical conversation records and crash-safe JSONL files shared by every stage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+ROLES = ("system", "user", "assistant")
+
+
+class RecordError(ValueError):
+    """A record is malformed; the message names the file, row and field."""
+
+
+def conversation_id(messages: list[dict], source: str = "") -> str:
+    """Stable content hash: the same source and messages give the same id on every machine."""
+    payload = json.dumps(
+        {"source": source, "messages": [[m["role"], m["content"]] for m in messages]},
+        ensure_ascii=False,
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:20]
+
+
+def make_conversation(messages: list[dict], source: str, meta: dict | None = None) -> dict:
+    return {"id": conversation_id(messages, source), "source": source, "messages": messages, "meta": meta or {}}
+
+
+def validate_conversation(row: dict, where: str = "") -> None:
+    """Raise RecordError naming the field when a row is not a canonical conversation."""
+    prefix = f"{where}: " if where else ""
+    for key in ("id", "messages"):
+        if key not in row:
+            raise RecordError(f"{prefix}missing field {key!r}")
+    if not isinstance(row["messages"], list) or not row["messages"]:
+        raise RecordError(f"{prefix}field 'messages' must be a non-empty list")
+    for i, msg in enumerate(row["messages"]):
+        if not isinstance(msg, dict):
+            raise RecordError(f"{prefix}messages[{i}] is {type(msg).__name__}, not an object")
+        if msg.get("role") not in ROLES:
+            raise RecordError(f"{prefix}messages[{i}].role is {msg.get('role')!r}, not one of {ROLES}")
+        if not isinstance(msg.get("content"), str):
+            raise RecordError(f"{prefix}messages[{i}].content is {type(msg.get('content')).__name__}, not a string")
+
+
+def read_jsonl(path: str | Path, skip_torn_tail: bool = True) -> Iterator[dict]:
+    """Yield rows; a torn last line (a crash mid-write) is skipped, a bad line elsewhere is an error."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    last = len(lines) - 1
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if skip_torn_tail and lineno - 1 == last:
+                return  # no newline after it: the writer died mid-line
+            raise RecordError(f"{path}: line {lineno}: not valid JSON ({exc})") from exc
+
+
+def append_jsonl(path: str | Path, rows: Iterable[dict], fsync: bool = False) -> int:
+    """Append rows, each as one whole line, flushed so a reader or a crash never sees half a row."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(path, "ab") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+            fh.flush()
+            count += 1
+        if fsync:
+            os.fsync(fh.fileno())
+    return count
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
+    """Write a whole file atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    if tmp.exists():
+        tmp.unlink()
+    count = append_jsonl(tmp, rows)
+    tmp.replace(path)
+    return count

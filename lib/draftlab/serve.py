@@ -1,0 +1,296 @@
+"""Local OpenAI-compatible servers for regeneration, and the SGLang launch commands.
+
+`LocalServer` runs a real `transformers serve --continuous-batching` for a model folder on
+127.0.0.1 (a free port), waits for `/health`, logs to a file, and always stops it: the child runs
+in its own process group, which is killed on `stop()`, on leaving the `with` block (error or not)
+and at interpreter exit. The SGLang command builders return the exact strings a user runs on a
+GPU host (contract §4); `draftlab doctor` checks the same strings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "LocalServer",
+    "ServerStartError",
+    "free_port",
+    "transformers_serve_command",
+    "sglang_target_command",
+    "sglang_speculative_command",
+    "sglang_commands",
+]
+
+_LIVE: "weakref.WeakSet[LocalServer]" = weakref.WeakSet()
+
+
+class ServerStartError(RuntimeError):
+    """The server process exited or did not become healthy in time (message has its log tail)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _transformers_exe() -> list[str]:
+    """The `transformers` console script of this interpreter's environment."""
+    exe = Path(sys.executable).parent / "transformers"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("transformers")
+    if found:
+        return [found]
+    raise FileNotFoundError(
+        "the `transformers` command is not installed next to this Python; "
+        "install it with: pip install 'transformers[serving]'"
+    )
+
+
+def transformers_serve_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1",
+                               port: int = 8000, device: str = "cpu",
+                               continuous_batching: bool = True, dtype: str = "auto",
+                               log_level: str = "info", extra_args: tuple[str, ...] = ()) -> list[str]:
+    """argv of `transformers serve` preloading `model_path` (requests must name that path)."""
+    cmd = [*_transformers_exe(), "serve", str(model_path), "--host", host, "--port", str(port),
+           "--device", device, "--dtype", dtype, "--log-level", log_level]
+    cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
+    return cmd + list(extra_args)
+
+
+class LocalServer:
+    """A `transformers serve` child process for one model folder; use it as a context manager.
+
+    >>> with LocalServer(target.path, log_path=run.dir / "logs/serve.log") as srv:
+    ...     regenerate(..., base_urls=[srv.base_url], model=srv.model)
+    """
+
+    def __init__(self, model_path: str | os.PathLike, log_path: str | os.PathLike, *,
+                 host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
+                 continuous_batching: bool = True, dtype: str = "auto",
+                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").exists():
+            raise FileNotFoundError(f"{self.model_path}: not a model folder (no config.json)")
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port = port or free_port(host)
+        self.device = device
+        self.continuous_batching = continuous_batching
+        self.dtype = dtype
+        self.startup_timeout = startup_timeout
+        self.extra_args = tuple(extra_args)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        """The `model` field requests must carry (transformers serve wants the folder path)."""
+        return str(self.model_path)
+
+    @property
+    def command(self) -> list[str]:
+        return transformers_serve_command(
+            self.model_path, host=self.host, port=self.port, device=self.device,
+            continuous_batching=self.continuous_batching, dtype=self.dtype,
+            extra_args=self.extra_args)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def start(self) -> "LocalServer":
+        """Launch and block until `/health` answers; on any failure the process is gone."""
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {shlex.join(self.command)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)  # own process group
+        _LIVE.add(self)
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        url = f"{self.base_url}/health"
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"transformers serve exited with code {code} before it was healthy "
+                    f"(log {self.log_path}):\n{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > self.startup_timeout:
+                raise ServerStartError(
+                    f"no healthy answer from {url} within {self.startup_timeout:.0f} s "
+                    f"(log {self.log_path}):\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the whole process group, SIGKILL it after `grace` seconds. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        _LIVE.discard(self)
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # reap leftovers of the group even if the leader already exited
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):  # last resort; normal paths call stop() explicitly
+        try:
+            self.stop(grace=2.0)
+        except Exception:
+            pass
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_LIVE):
+        srv.stop(grace=3.0)
+
+
+# ---------------------------------------------------------------- SGLang launch commands
+
+def _sglang_base(model_path: str, *, host: str, port: int, tp: int, dtype: str | None,
+                 context_length: int | None, mem_fraction_static: float | None,
+                 max_running_requests: int | None, extra: tuple[str, ...]) -> list[str]:
+    cmd = ["python", "-m", "sglang.launch_server", "--model-path", str(model_path),
+           "--host", host, "--port", str(port), "--tp", str(tp)]
+    if dtype:
+        cmd += ["--dtype", dtype]
+    if context_length:
+        cmd += ["--context-length", str(context_length)]
+    if mem_fraction_static:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    if max_running_requests:
+        cmd += ["--max-running-requests", str(max_running_requests)]
+    return cmd + list(extra)
+
+
+def sglang_target_command(model_path: str, *, host: str = "127.0.0.1", port: int = 30000,
+                          tp: int = 1, dtype: str | None = "bfloat16",
+                          context_length: int | None = None,
+                          mem_fraction_static: float | None = None,
+                          max_running_requests: int | None = None,
+                          extra: tuple[str, ...] = ()) -> str:
+    """The plain target server (used for regeneration and as the speculative baseline)."""
+    return shlex.join(_sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
+                                   context_length=context_length,
+                                   mem_fraction_static=mem_fraction_static,
+                                   max_running_requests=max_running_requests, extra=extra))
+
+
+def sglang_speculative_command(model_path: str, draft_path: str, *, algorithm: str = "EAGLE3",
+                               num_steps: int = 3, topk: int = 1,
+                               num_draft_tokens: int | None = None,
+                               max_running_requests: int = 48, host: str = "127.0.0.1",
+                               port: int = 30001, tp: int = 1, dtype: str | None = "bfloat16",
+                               context_length: int | None = None,
+                               mem_fraction_static: float | None = None,
+                               extra: tuple[str, ...] = ()) -> str:
+    """An EAGLE-family speculative server (contract §4).
+
+    With topk == 1 SGLang forces num_draft_tokens = num_steps + 1, so we write that value.
+    `max_running_requests` is always written: EAGLE caps it at 48 otherwise, and the baseline
+    must get the same value for a fair comparison.
+    """
+    if algorithm not in ("EAGLE3", "EAGLE"):
+        raise ValueError(f"algorithm must be EAGLE3 or EAGLE, got {algorithm!r}")
+    if num_steps < 1 or topk < 1:
+        raise ValueError("num_steps and topk must be >= 1")
+    if topk == 1:
+        num_draft_tokens = num_steps + 1
+    elif num_draft_tokens is None:
+        raise ValueError("num_draft_tokens is required when topk > 1")
+    cmd = _sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
+                       context_length=context_length, mem_fraction_static=mem_fraction_static,
+                       max_running_requests=max_running_requests, extra=())
+    cmd += ["--speculative-algorithm", algorithm,
+            "--speculative-draft-model-path", str(draft_path),
+            "--speculative-num-steps", str(num_steps),
+            "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(num_draft_tokens)]
+    return shlex.join(cmd + list(extra))
+
+
+def sglang_commands(model_path: str, draft_path: str, *, max_running_requests: int = 48,
+                    num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None,
+                    host: str = "127.0.0.1", port: int = 30000, tp: int = 1,
+                    dtype: str | None = "bfloat16", context_length: int | None = None,
+                    mem_fraction_static: float | None = None) -> dict[str, str]:
+    """The three servers of a study: `target` (regeneration), `baseline` and `eagle3`.
+
+    baseline and eagle3 get the same `--max-running-requests` and adjacent ports so they can
+    run side by side for a same-batch comparison.
+    """
+    common = dict(host=host, tp=tp, dtype=dtype, context_length=context_length,
+                  mem_fraction_static=mem_fraction_static)
+    return {
+        "target": sglang_target_command(model_path, port=port, **common),
+        "baseline": sglang_target_command(model_path, port=port + 1,
+                                          max_running_requests=max_running_requests, **common),
+        "eagle3": sglang_speculative_command(model_path, draft_path, algorithm="EAGLE3",
+                                             num_steps=num_steps, topk=topk,
+                                             num_draft_tokens=num_draft_tokens,
+                                             max_running_requests=max_running_requests,
+                                             port=port + 2, **common),
+    }

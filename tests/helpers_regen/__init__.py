@@ -1,0 +1,53 @@
+"""Shared helpers of the regeneration tests: canonical-conversation fixtures and a tiny server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftlab.records import conversation_id
+
+TOPICS = ["rivers", "owls", "tides", "chess", "bread", "comets", "glaciers", "jazz", "maps"]
+
+
+def make_conversations(n: int, *, multi_turn_every: int = 4, system_every: int = 3,
+                       prompt_only_every: int = 5, source: str = "fixture/regen") -> list[dict]:
+    """n canonical conversations: single-turn, multi-turn (2 assistant turns), with and without a
+    system prompt, and prompt-only rows (no assistant turn yet)."""
+    rows = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        msgs = []
+        if system_every and i % system_every == 0:
+            msgs.append({"role": "system", "content": f"You are a helpful assistant #{i}."})
+        msgs.append({"role": "user", "content": f"Tell me one fact about {topic} (case {i})."})
+        if not (prompt_only_every and i % prompt_only_every == 1):
+            msgs.append({"role": "assistant", "content": f"Original answer about {topic} " * (1 + i % 4)})
+        if multi_turn_every and i % multi_turn_every == 2:
+            msgs.append({"role": "user", "content": "And another one?"})
+            msgs.append({"role": "assistant", "content": "Original second answer."})
+        rows.append({"id": conversation_id(msgs, source), "source": source, "messages": msgs,
+                     "meta": {"row": i}})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    return path
+
+
+def read_lines(path: Path) -> list[dict]:
+    """Every line must be valid JSON (raises otherwise) and end with a newline."""
+    data = path.read_bytes()
+    assert not data or data.endswith(b"\n"), f"{path}: last line has no newline"
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def all_shard_rows(work: Path) -> list[dict]:
+    rows = []
+    for p in sorted((work / "shards").glob("part-*.jsonl")):
+        rows += read_lines(p)
+    return rows
