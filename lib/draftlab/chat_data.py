@@ -171,3 +171,23 @@ def load_tokenized(path, tokenizer, max_len: int, overlong: str = "truncate", ca
         ds = datasets.load_from_disk(str(cache / "data"))
         (cache / "stats.json").write_text(json.dumps(asdict(stats)))
     return ds, asdict(stats)
+
+
+def split_holdout(train_path, n_val: int, out_dir, seed: int = 0):
+    """No val.jsonl from stage 03: hold out n_val conversations of train.jsonl (by a seeded shuffle)
+    into out_dir/{train,val}.jsonl, leaving the input untouched. Returns the two paths."""
+    import random
+
+    from draftlab.records import write_jsonl
+
+    rows = list(read_jsonl(train_path))
+    if len(rows) <= n_val:
+        raise RecordError(f"{train_path}: {len(rows)} conversations, too few to hold out {n_val} for validation")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    val = set(order[:n_val])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "train.jsonl", (r for i, r in enumerate(rows) if i not in val))
+    write_jsonl(out / "val.jsonl", (r for i, r in enumerate(rows) if i in val))
+    return out / "train.jsonl", out / "val.jsonl"

@@ -24,15 +24,16 @@ from draftlab.doctor_checks import (
 )
 from draftlab.launch import LaunchError, from_server_info, parse_launch
 
-__all__ = ["add_doctor_parser", "diagnose", "mode_widths", "main", "Finding"]
+__all__ = ["add_doctor_parser", "diagnose", "mode_widths", "measured_widths", "mode_acceptance", "main", "Finding"]
 
 
-def diagnose(draft: str | None = None, target: str | None = None, launches=(), server_infos=()) -> dict:
+def diagnose(draft: str | None = None, target: str | None = None, launches=(), server_infos=(), servers=()) -> dict:
     """Run every static check the inputs allow. Raises DoctorInputError/LaunchError on unreadable input.
 
-    Returns {"draft", "target", "findings": [Finding], "errors", "warnings"}.
+    launches: SGLang command strings; server_infos: saved /server_info files; servers: ready
+    ServerSettings (e.g. from a probe). Returns {"draft", "target", "findings": [Finding], "errors", "warnings"}.
     """
-    servers = [parse_launch(cmd) for cmd in launches]
+    servers = list(servers) + [parse_launch(cmd) for cmd in launches]
     for path in server_infos:
         servers.append(from_server_info(read_json(path), source=f"server_info {path}"))
     if target is None:  # the served model, when a launch command or server_info names it
@@ -83,6 +84,88 @@ def mode_widths(target_config: dict, capture_layers=None) -> list:
             "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)",
         })
     return rows
+
+
+def measured_widths(target, capture_layers=None, prompt: str = "Hello! How are you?") -> list:
+    """The widths each mode really delivers, measured with one forward pass of the loaded target.
+
+    EAGLE3: the concatenation of hidden_states[capture_layers] [B,T,3H]; EAGLE: the last layer's
+    (pre-norm) output [B,T,H]. Whether SGLang applies fc follows from width != H.
+    """
+    from draftlab.hidden import target_states
+
+    layers = list(capture_layers) if capture_layers is not None else list(target.capture_layers)
+    ids = target.tokenizer(target.render([{"role": "user", "content": prompt}], add_generation_prompt=True),
+                           return_tensors="pt", add_special_tokens=False)["input_ids"]
+    aux, last, _ = target_states(target, ids, layers=layers)  # aux [1,T,3H], last [1,T,H]
+    h = target.hidden_size
+    rows = []
+    for mode, sent, tensor in (("EAGLE3", f"hidden_states{layers} concatenated", aux),
+                               ("EAGLE", "final hidden state only", last)):
+        width = int(tensor.shape[-1])
+        rows.append({"mode": mode, "target sends": sent, "measured shape": list(tensor.shape), "width": width,
+                     "fc.weight": f"[{h}, {3 * h}]", "fc applied": width != h,
+                     "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)"})
+    return rows
+
+
+def eval_prompts(run_dir, n: int) -> tuple:
+    """(name, prompts): the blend's held-out split when notebook 02 ran, else doctor's built-in prompts."""
+    from pathlib import Path
+
+    from draftlab.doctor_probe import PROBE_PROMPTS
+
+    test = Path(run_dir) / "data" / "blend" / "test.jsonl"
+    if test.is_file():
+        from draftlab.records import read_jsonl
+
+        prompts = []
+        for row in read_jsonl(test):
+            msgs = row["messages"]
+            last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
+            if last_user is not None:
+                prompts.append(msgs[: last_user + 1])
+            if len(prompts) >= n:
+                break
+        if prompts:
+            return f"blend test split ({test})", prompts
+    base = list(PROBE_PROMPTS) + ["Write a haiku about the sea.", "What is the capital of France? Answer briefly.",
+                                  "Sort the list [3, 1, 2] in Python and explain.", "Give three tips for writing tests."]
+    return "doctor built-in prompts", base[:n]
+
+
+def mode_acceptance(target, draft, prompts, num_steps: int = 3, max_new_tokens: int = 48, progress: bool = True) -> dict:
+    """The same draft through draftlab.specdec in EAGLE3 and EAGLE modes (greedy decoded once, reused)."""
+    from draftlab.specdec import SpecConfig, compare, encode_prompts, public
+
+    ids = encode_prompts(target, prompts)
+    out, greedy = {}, None
+    for mode in ("EAGLE3", "EAGLE"):
+        res = compare(target, draft, ids, SpecConfig(mode=mode, num_steps=num_steps, topk=1, max_new_tokens=max_new_tokens),
+                      eval_set="doctor", greedy_results=greedy, warmup=1 if greedy is None else 0, progress=progress)
+        greedy = res["_greedy_results"]
+        out[mode] = public(res)
+    return out
+
+
+def plot_acceptance(results: dict, title: str):
+    """Bar chart of acceptance length per mode, with the 1.0 floor and the S + 1 ceiling."""
+    import matplotlib.pyplot as plt
+
+    modes = list(results)
+    values = [results[m]["acceptance_length"] or 0.0 for m in modes]
+    steps = results[modes[0]]["num_steps"]
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    bars = ax.bar(modes, values, color=["tab:green", "tab:red"][: len(modes)])
+    for bar, v in zip(bars, values):
+        ax.text(bar.get_x() + bar.get_width() / 2, v + 0.03, f"{v:.2f}", ha="center")
+    ax.axhline(1.0, color="grey", ls="--", lw=1, label="1.0: no draft token accepted")
+    ax.axhline(steps + 1, color="grey", ls=":", lw=1, label=f"{steps + 1}: ceiling for {steps} steps")
+    ax.set_ylabel("acceptance length (tokens / verify step)")
+    ax.set_title(title)
+    ax.set_ylim(0, steps + 1.5)
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
 
 
 def findings_table(findings, hide_ok: bool = False):
@@ -164,16 +247,17 @@ def doctor_main(args: argparse.Namespace) -> int:
         print("draftlab doctor: give --draft/--target, --launch, --server-info or --probe", file=sys.stderr)
         return 2
     try:
-        result = None
-        if args.draft or args.launch or args.server_info:
-            result = diagnose(args.draft, args.target, args.launch, args.server_info)
         report = None
         if args.probe:
             from draftlab.doctor_probe import probe
 
-            draft = result["_draft_files"] if result else (read_draft(args.draft) if args.draft else None)
-            target = result["_target_info"] if result else None
+            draft = read_draft(args.draft) if args.draft else None
+            target = load_target_info(args.target) if (args.draft and args.target) else None
             report = probe(args.probe, draft=draft, target=target, model=args.model, max_tokens=args.max_tokens)
+        result = None
+        probed = [report.settings] if report is not None and report.settings is not None else []
+        if args.draft or args.launch or args.server_info or probed:
+            result = diagnose(args.draft, args.target, args.launch, args.server_info, servers=probed)
     except (DoctorInputError, LaunchError) as exc:
         print(f"draftlab doctor: error: {exc}", file=sys.stderr)
         return 2

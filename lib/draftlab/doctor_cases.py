@@ -157,6 +157,8 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     # --- vocabulary
     draft_case("draft_vocab_size_wrong", "draft_vocab", "error", "draft_vocab_size says 32000, d2t and lm_head have fewer",
                config_fn=lambda c: c.update(draft_vocab_size=32000))
+    draft_case("vocab_from_other_target", "vocab_size", "error", "config.json says vocab_size 32000 (another tokenizer)",
+               config_fn=lambda c: c.update(vocab_size=32000))
     draft_case("t2d_wrong_length", "t2d_size", "error", "t2d built for a 32000-token vocabulary",
                tensor_fn=lambda t: t.update({"t2d": torch.zeros(32000, dtype=torch.bool)}))
     draft_case("d2t_out_of_range", "d2t_mapping", "error", "d2t stores target ids instead of offsets",
@@ -180,3 +182,41 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     draft_case("qproj_one_h", "tensor_shapes", "error", "q_proj takes H inputs instead of 2H",
                tensor_fn=lambda t: t.update({"midlayer.self_attn.q_proj.weight": t["midlayer.self_attn.q_proj.weight"][:, :h].contiguous()}))
     return cases
+
+
+def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) -> tuple:
+    """(folder, origin) of the draft notebook 05 checks: RUN_DIR/drafts/eagle3 from notebook 04.
+
+    When it is missing: with build_if_missing (smoke) an untrained export for the target is written
+    to out_dir with draftlab.export (its acceptance lengths mean nothing); otherwise a clear error.
+    """
+    folder = Path(run_dir) / "drafts" / "eagle3"
+    if (folder / "config.json").is_file():
+        return folder, "trained by notebook 04"
+    if not build_if_missing:
+        raise FileNotFoundError(f"{folder}: no exported draft; run notebook 04_train_draft first "
+                                "(or set BUILD_DRAFT_IF_MISSING = True for an untrained one)")
+    out = Path(out_dir) / "untrained_eagle3"
+    if not (out / "config.json").is_file():
+        good_draft(out, target_spec, draft_vocab_size=512, sglang_ids=False)
+    return out, "untrained (random weights), built by draftlab.export because notebook 04 has not run"
+
+
+def run_library(cases) -> "pandas.DataFrame":
+    """doctor on every case: did the expected finding fire, and what fix did it give."""
+    import pandas as pd
+
+    from draftlab.doctor import diagnose
+
+    rows = []
+    for c in cases:
+        result = diagnose(str(c.draft) if c.draft else None, c.target, c.launches)
+        bad = [f for f in result["findings"] if f.severity in ("error", "warning")]
+        hit = next((f for f in bad if f.check == c.check and f.severity == c.severity), None)
+        rows.append({
+            "case": c.name, "broken": c.story, "expected": f"{c.check}/{c.severity}" if c.check else "clean",
+            "flagged": bool(hit) if c.check else not bad,
+            "all findings": ", ".join(f"{f.check}/{f.severity}" for f in bad) or "none",
+            "fix": (hit.fix if hit else ""),
+        })
+    return pd.DataFrame(rows)

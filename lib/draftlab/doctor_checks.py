@@ -653,11 +653,19 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
         if not s.is_speculative:
             continue
         algo = s.speculative_algorithm
-        eagle3_draft = d is None or d.uses_aux
+        served, assumed = d, ""
+        if served is None and s.draft_model_path and (Path(s.draft_model_path) / "config.json").is_file():
+            try:
+                served = read_draft(s.draft_model_path)
+            except DoctorInputError:
+                served = None
+        if served is None:
+            assumed = " (draft folder not readable here: assuming an EAGLE-3 draft)"
+        eagle3_draft = served is None or served.uses_aux
         if eagle3_draft and algo != "EAGLE3":
             fix = set_flag(s.command, "--speculative-algorithm", "EAGLE3") if s.command else "restart the server with --speculative-algorithm EAGLE3"
             out.append(Finding(
-                "algorithm", "error", f"an EAGLE-3 draft served with --speculative-algorithm {algo}",
+                "algorithm", "error", f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}",
                 "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final hidden state "
                 "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and acceptance "
                 "length sits at ~1.0 with no error",
@@ -667,6 +675,13 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
             out.append(Finding(
                 "algorithm", "error", "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
                 "EAGLE3 sends a 3H-wide concatenation the draft has no fc for", fix, s.source))
+        elif not eagle3_draft and algo == "EAGLE" and "lm_head.weight" in served.tensors:
+            out.append(Finding(
+                "algorithm", "warning", "an EAGLE-1-style draft with its own lm_head served with --speculative-algorithm EAGLE",
+                "in EAGLE mode SGLang replaces the draft's lm_head and d2t with the target's head, so the head this "
+                "draft was trained with is not used (draftlab's EAGLE-1-style draft is an ablation for the reference engine)",
+                "measure it with draftlab.specdec, or train and serve an EAGLE-3 draft with --speculative-algorithm EAGLE3",
+                s.source))
         else:
             out.append(Finding("algorithm", "ok", f"--speculative-algorithm {algo} fits the draft", where=s.source))
         if algo in ("EAGLE", "EAGLE3") and not s.draft_model_path and s.command:

@@ -161,24 +161,32 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
             if states and isinstance(states[0], dict) and states[0].get("avg_spec_accept_length") is not None:
                 report.lifetime_accept_length = float(states[0]["avg_spec_accept_length"])
         name = _model_name(client, base, info, model)
-        metas, endpoint_used = [], None
+        tried = []  # (endpoint, metas) of each endpoint that answered every prompt
         for ep, send in (("/v1/chat/completions", lambda p: _chat(client, base, name, p, max_tokens)),
                          ("/generate", lambda p: _generate(client, base, p, max_tokens))):
-            metas = []
             try:
-                for prompt in prompts:
-                    metas.append(send(prompt))
+                tried.append((ep, [send(prompt) for prompt in prompts]))
             except (httpx.HTTPError, ValueError) as exc:
                 report.errors.append(f"POST {base}{ep}: {type(exc).__name__}: {exc}".splitlines()[0])
-                metas = []
                 continue
-            endpoint_used = ep
-            if all(m.get("spec_verify_ct") is not None for m in metas):
+            if all(m.get("spec_verify_ct") is not None for m in tried[-1][1]):
                 break  # spec fields found; no need to try /generate
+        with_spec = [t for t in tried if all(m.get("spec_verify_ct") is not None for m in t[1])]
+        endpoint_used, metas = (with_spec or tried or [(None, [])])[0]
         report.endpoint = endpoint_used
         report.requests = [{k: m.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length",
                                                     "spec_accept_rate") if m.get(k) is not None} for m in metas]
         report.acceptance_length, report.acceptance_note = acceptance_length(metas)
+    if draft is None and report.settings and report.settings.draft_model_path:
+        from pathlib import Path
+
+        from draftlab.doctor_checks import DoctorInputError, read_draft
+
+        if (Path(report.settings.draft_model_path) / "config.json").is_file():  # the server's draft is local
+            try:
+                draft = read_draft(report.settings.draft_model_path)
+            except DoctorInputError as exc:
+                report.errors.append(str(exc))
     report.causes = rank_causes(report, draft, target)
     return report
 
@@ -226,6 +234,6 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
         causes.append(Cause(0.3, "too few tokens to measure", f"{tokens} completion tokens in total",
                             "probe with longer answers (--max-tokens)"))
     causes.append(Cause(0.2, "draft trained for another target, chat template or data",
-                        "acceptance near 1.0 with the flags looking right",
+                        "possible whenever acceptance is near 1.0, whatever the flags",
                         "run `draftlab doctor --draft DIR --target MODEL` and check the draft on the reference engine"))
     return sorted(causes, key=lambda c: -c.score)

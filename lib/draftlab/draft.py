@@ -283,8 +283,7 @@ class Eagle3Draft(nn.Module):
         k, v = past_key_values.update(k, v, 0)
         mask = self._inference_mask(attention_mask, q.shape[2], past, k.shape[2], x.device)
         hidden_out = layer.finish(hidden, layer.self_attn.attend(q, k, v, mask))
-        logits = self.lm_head(self.norm(hidden_out))
-        return logits, hidden_out, past_key_values
+        return self.head(hidden_out), hidden_out, past_key_values
 
     @staticmethod
     def _inference_mask(attention_mask, t: int, past: int, total: int, device) -> torch.Tensor | None:
@@ -304,6 +303,10 @@ class Eagle3Draft(nn.Module):
         # A padding query that sees nothing would give NaN rows; let it see everything (ignored anyway).
         return mask | ~mask.any(-1, keepdim=True)
 
+    def head(self, hidden_out: torch.Tensor) -> torch.Tensor:
+        """[B,T,H] pre-norm output -> [B,T,Vd] logits over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden_out))
+
     def ttt_forward(
         self,
         input_ids: torch.Tensor,
@@ -319,7 +322,8 @@ class Eagle3Draft(nn.Module):
         Step i feeds token t+1+i at slot t (right-shifted with pad 0) and the previous step's
         pre-norm output; slot t then sits at position t+i and sees step-0 keys at slots <= t
         (the prefix) plus its own keys of steps 1..i (the chain): what inference sees.
-        Yields (i, logits [B,T,Vd]) for each step.
+        Yields (i, hidden_out [B,T,H]) for each step (pre-norm; logits = draft.head(hidden_out)),
+        so that the caller can compute the large [B,T,Vd] logits under activation checkpointing.
         """
         b, t = input_ids.shape
         layer = self.midlayer
@@ -341,7 +345,7 @@ class Eagle3Draft(nn.Module):
             mask = torch.cat([prefix_mask] + [eye] * i, dim=-1)  # [B,1,T,(i+1)T]
             attn = layer.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)
             hidden = layer.finish(hidden, attn)
-            yield i, self.lm_head(self.norm(hidden))
+            yield i, hidden
 
 
 def load_draft(folder, target) -> Eagle3Draft:

@@ -211,3 +211,63 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------------ notebook 03 report figures
+
+def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
+    """Token counts of assistant answers before (the dataset's) and after regeneration."""
+    def count(rows):
+        texts = [m["content"] for r in rows for m in r["messages"]
+                 if m["role"] == "assistant" and m["content"]]
+        if not texts:
+            return []
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+
+    return {"before": count([r for rows in source_rows.values() for r in rows]),
+            "after": count([r for rows in regen_rows.values() for r in rows])}
+
+
+def finish_counts(work: str | os.PathLike) -> dict:
+    """Finish reasons of every regenerated turn in a work folder (kept and dropped rows)."""
+    from collections import Counter
+
+    work, counts = Path(work), Counter()
+    for path in shard_paths(work):
+        for row in _read_lenient(path):
+            counts.update(((row.get("meta") or {}).get("regen") or {}).get("finish_reasons", []))
+    if (work / "dropped.jsonl").exists():
+        for rec in _read_lenient(work / "dropped.jsonl"):
+            counts.update(rec.get("finish_reasons", ["length"]))
+    return dict(counts)
+
+
+def plot_finish_and_lengths(finish: dict, lengths: dict, max_tokens: int | None = None):
+    """Two panels: finish reasons per split ({split: {reason: n}}); answer lengths before/after."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    splits = list(finish)
+    reasons = sorted({r for s in finish.values() for r in s})
+    width = 0.8 / max(len(reasons), 1)
+    for k, reason in enumerate(reasons):
+        vals = [finish[s].get(reason, 0) for s in splits]
+        ax1.bar([i + k * width for i in range(len(splits))], vals, width, label=reason)
+    ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(splits))], splits)
+    ax1.set_ylabel("answers (turns)")
+    ax1.set_title("finish reasons")
+    ax1.legend()
+    top = max([*lengths["before"], *lengths["after"], 1])
+    bins = list(range(0, top + max(top // 30, 1) + 1, max(top // 30, 1)))
+    for key, color in (("before", "tab:gray"), ("after", "tab:blue")):
+        if lengths[key]:
+            ax2.hist(lengths[key], bins=bins, alpha=0.55, color=color,
+                     label=f"{key} (n={len(lengths[key])})")
+    if max_tokens:
+        ax2.axvline(max_tokens, color="tab:red", ls="--", lw=1, label=f"max_tokens {max_tokens}")
+    ax2.set_xlabel("answer length (target tokens)")
+    ax2.set_ylabel("answers")
+    ax2.set_title("answer lengths before / after regeneration")
+    ax2.legend()
+    fig.tight_layout()
+    return fig

@@ -295,11 +295,25 @@ class Outputs:
                 w.close()
 
 
+# What a row's content depends on: a resume with other values would mix two datasets.
+IDENTITY_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "system_policy",
+                   "system_prompt", "truncation", "max_assistant_turns")
+
+
 def write_manifest(work: Path, input_path: str, total: int, config: RegenConfig, backend: str,
                    servers: list[str]) -> None:
-    """manifest.json: the monitor reads `total` and the runs' start times from it."""
+    """manifest.json: the monitor reads `total` and the runs' start times from it.
+
+    Refuses to resume a folder whose rows were made with other sampling or policies."""
     path = work / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    old = manifest.get("config") or {}
+    changed = {k: (old[k], getattr(config, k)) for k in IDENTITY_FIELDS
+               if k in old and old[k] != getattr(config, k)}
+    if changed and (shard_paths(work) or (work / "dropped.jsonl").exists()):
+        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"{work}: holds rows made with other parameters ({detail}); "
+                         f"resume with the same ones or use a new work folder")
     manifest.update(input=str(input_path), total=total, config=asdict(config))
     manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers,
                              "pid": os.getpid()})
@@ -362,6 +376,7 @@ def outcome(out: Outputs, stats: "RunStats", regen_row: dict) -> str:
     if regen["truncated"] and out.config.truncation == "drop":
         out.write_dropped({"id": regen_row["id"], "reason": "length",
                            "turns": regen["truncated_turns"],
+                           "finish_reasons": regen["finish_reasons"],
                            "completion_tokens": regen["completion_tokens"],
                            "prompt_tokens": regen["prompt_tokens"], "t_done": regen["t_done"]})
         stats.dropped += 1
@@ -690,6 +705,61 @@ def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
                config: RegenConfig, **kwargs) -> dict:
     """Blocking wrapper of `regenerate_async`."""
     return asyncio.run(regenerate_async(rows, work, base_urls, config, **kwargs))
+
+
+# ------------------------------------------------------------------ the stage (notebook 03)
+
+def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+                      config: RegenConfig, *, backend: str = "server", base_urls=(),
+                      target: str = "tiny", device: str = "cpu", dtype=None,
+                      batch_size: int = 1024, limits: dict[str, int] | None = None,
+                      progress: bool = True) -> dict:
+    """Regenerate each split (e.g. train, val) into OUT/<split>.jsonl, resumably.
+
+    backend "server": the given base URLs, or else a `transformers serve` of `target` started
+    on loopback for the duration (log: OUT/serve.log). backend "batch": `regen_batch`.
+    Work folders are OUT/work/<split>/ (what `draftlab monitor` reads).
+    """
+    from contextlib import ExitStack
+
+    from draftlab.target import EMBEDDED_NAME, resolve_path
+
+    out_dir = Path(out_dir)
+    limits = limits or {}
+    rows = {s: load_conversations(p, limits.get(s, 0)) for s, p in inputs.items()}
+    config.model_name = config.model_name or (EMBEDDED_NAME if target == "embedded" else target)
+    report = {"backend": backend, "splits": {}, "server_startup_s": None}
+    with ExitStack() as stack:
+        urls = list(base_urls)
+        if backend == "batch":
+            from draftlab.regen_batch import regenerate_batch
+            from draftlab.target import load_target
+
+            tgt = load_target(target, device=device, dtype=dtype)
+            config.model = config.model or target
+        elif not urls:
+            from draftlab.serve import LocalServer
+
+            srv = stack.enter_context(LocalServer(resolve_path(target), out_dir / "serve.log",
+                                                  device=device))
+            urls, config.model = [srv.base_url], config.model or srv.model
+            report["server_startup_s"] = round(srv.startup_s, 1)
+        elif not config.model:
+            raise ValueError("config.model (the served model name) is needed with base_urls")
+        report["servers"] = urls
+        for split, split_rows in rows.items():
+            work = out_dir / "work" / split
+            if backend == "batch":
+                summary = regenerate_batch(split_rows, work, config, target=tgt,
+                                           batch_size=batch_size, input_path=str(inputs[split]),
+                                           progress=progress, desc=f"regenerate[batch] {split}")
+            else:
+                summary = regenerate(split_rows, work, urls, config, input_path=str(inputs[split]),
+                                     progress=progress, desc=f"regenerate {split}")
+            summary["final"] = finalize(work, out_dir / f"{split}.jsonl", split_rows)
+            summary["work"] = str(work)
+            report["splits"][split] = summary
+    return report
 
 
 # ------------------------------------------------------------------ client-overhead benchmark

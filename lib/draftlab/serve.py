@@ -97,6 +97,7 @@ class LocalServer:
         self.extra_args = tuple(extra_args)
         self.env = env
         self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None  # of the last start (kept after stop, for checks)
         self.startup_s: float | None = None
 
     @property
@@ -136,6 +137,7 @@ class LocalServer:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True)  # own process group
+        self.pid = self.proc.pid
         _LIVE.add(self)
         try:
             self._wait_healthy(t0)

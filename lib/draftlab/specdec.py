@@ -348,17 +348,46 @@ class SpecEngine:
         graphs = self.cfg.cuda_graphs
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.eos = set(target.eos_token_ids)
+        max_len = -(-max_len // 64) * 64  # aligned rows keep SDPA on its fused kernels
         self.max_len = max_len
         self.draft_runner = DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len) if draft else None
         feature = self.draft_runner.feature if self.draft_runner else "aux"
         self.runner = TargetRunner(target, feature, max_len)
+        self._trils: dict[int, torch.Tensor] = {}
 
     def close(self):
         self.runner.close()
 
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every CUDA graph the decode loops replay, before any prompt (the dummy writes
+        land in slots that the next prefill overwrites before anything can see them)."""
+        if not self.use_graphs:
+            return
+        zeros = lambda n: torch.zeros(1, n, dtype=torch.long, device=self.device)
+        base = self._t([0])
+        self.runner.step(zeros(1), zeros(1), base, self._tril(1), graph=True)
+        if self.draft_runner is None or self.cfg.topk != 1:
+            return
+        s_steps = self.cfg.num_steps
+        self.runner.step(zeros(s_steps + 1), torch.arange(s_steps + 1, device=self.device)[None], base,
+                         self._tril(s_steps + 1), graph=True)
+        hidden = self.target.model.config.get_text_config().hidden_size
+        width = 3 * hidden if self.runner.feature == "aux" else hidden
+        for n in range(1, s_steps + 2):
+            feats = torch.zeros(1, n, width, dtype=self.runner.dtype, device=self.device)
+            self.draft_runner.chain(zeros(n), feats, base, self._tril(n), graph=True)
+        _sync(self.device)
+
     # ---- helpers
     def _t(self, values, dtype=torch.long):
         return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _tril(self, n: int) -> torch.Tensor:
+        """Cached lower-triangular [n,n] bool (a chain's ancestor mask)."""
+        if n not in self._trils:
+            self._trils[n] = _tril(n, self.device)
+        return self._trils[n]
 
     def _check_len(self, n_prompt: int):
         need = n_prompt + self.cfg.max_new_tokens + (self.cfg.num_draft_tokens or 1) + 2
@@ -385,7 +414,7 @@ class SpecEngine:
         t1 = time.perf_counter()
         tokens = [first]
         m = len(prompt_ids)
-        anc = _tril(1, self.device)
+        anc = self._tril(1)
         ids = self._t([[first]])
         pos, base = self._t([[m]]), self._t([m])
         done = first in self.eos or limit <= 1
@@ -426,7 +455,7 @@ class SpecEngine:
         t1 = time.perf_counter()
         res = PromptResult(tokens=[root], prefill_s=t1 - t0)
         m = n  # position of the root (the last emitted token, not yet in the target cache)
-        verify_anc = _tril(s_steps + 1, dev)
+        verify_anc = self._tril(s_steps + 1)
         v_ids = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
         v_pos = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
         base = self._t([m])
@@ -453,7 +482,7 @@ class SpecEngine:
             # the target's features (ids = tokens m+1..m+a+1 = g[0..a]).
             self.draft_runner.cache.length = m
             drafted = self.draft_runner.chain(greedy[None, : a + 1], vfeats[None, : a + 1], base,
-                                              _tril(a + 1, dev), graph=graphs)
+                                              self._tril(a + 1), graph=graphs)
             root = g[a]
             m += a + 1
         _sync(dev)
@@ -638,7 +667,8 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
     max_len = max(max_len or 0, need)
     engine = SpecEngine(target, draft, config, max_len=max_len)
     try:
-        for p in prompt_ids[:warmup]:  # compile/capture outside the timed runs
+        engine.capture()
+        for p in prompt_ids[:warmup]:  # first-call costs outside the timed runs
             engine.greedy(p)
             engine.speculative(p)
         if greedy_results is None:
@@ -700,19 +730,20 @@ def bench_specdec(args: argparse.Namespace) -> int:
     from draftlab.draft import load_draft
     from draftlab.target import load_target
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     draft = load_draft(args.draft, target)
     name, prompts = _load_prompts(args, target)
     ids = encode_prompts(target, prompts)
     steps = [int(s) for s in args.steps.split(",")]
     rows = []
+    graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
     if args.topk == 1:
-        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name)
+        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name, cuda_graphs=graphs)
     else:
         for s in steps:
             cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs)
             rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
         print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} D={r['num_draft_tokens']}: "
@@ -731,7 +762,9 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--target", default="embedded", help="target spec (embedded, tiny, folder, hub id)")
     p.add_argument("--draft", required=True, help="exported draft folder (RUN_DIR/drafts/eagle3)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default=None, help="float32 (default on CPU), bfloat16 (default on CUDA)")
+    p.add_argument("--dtype", default="float32", help="float32 (default: the lossless check is exact) or bfloat16")
+    p.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"), help="auto: on with CUDA")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--mode", default="EAGLE3", choices=MODES)
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
     p.add_argument("--topk", type=int, default=1)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from draftlab.draft import Eagle3Draft, config_from_dict, draft_config_for_target
@@ -161,6 +162,20 @@ class TTTObjective(nn.Module):
         self.steps = steps
         self.decay = decay
 
+    def _step_loss(self, hid, target_d, trained, scored, target_top):
+        """One TTT step: (masked mean soft CE, stats row [4]) from the step's pre-norm output."""
+        logits = self.draft.head(hid)  # [B,T,Vd]
+        logp = torch.log_softmax(logits.float(), -1)
+        p = torch.softmax(target_d.float(), -1)
+        ce = -(p * logp).sum(-1)  # [B,T]
+        n = trained.sum()
+        loss = (ce * trained).sum() / n.clamp(min=1)
+        with torch.no_grad():
+            guess = self.draft.to_target_ids(logits.argmax(-1))
+            correct = ((guess == target_top) & scored).sum()
+            st = torch.stack([(ce.detach() * trained).sum(), n.float(), correct.float(), scored.sum().float()])
+        return loss, st
+
     def forward(self, feats, input_ids, valid, pred_mask, in_vocab, target_d, target_top):
         # feats [B,L,F]; everything else [B,L(,Vd)] indexed by position p; slot t uses p = t+1+i.
         length = input_ids.shape[1] - 1
@@ -168,20 +183,17 @@ class TTTObjective(nn.Module):
         pos = torch.arange(length, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
         total = hidden.new_zeros((), dtype=torch.float32)
         stats = []
-        for i, logits in self.draft.ttt_forward(input_ids[:, 1:], hidden, pos, valid[:, 1:], self.steps):
+        for i, hid in self.draft.ttt_forward(input_ids[:, 1:], hidden, pos, valid[:, 1:], self.steps):
             scored = _shift(pred_mask, 1 + i, length)  # [B,T] assistant token to predict
             trained = scored & _shift(in_vocab, 1 + i, length)
-            logp = torch.log_softmax(logits.float(), -1)
-            p = torch.softmax(_shift(target_d, 1 + i, length).float(), -1)
-            ce = -(p * logp).sum(-1)  # [B,T]
-            n = trained.sum()
-            loss_i = (ce * trained).sum() / n.clamp(min=1)
+            args = (hid, _shift(target_d, 1 + i, length), trained, scored, _shift(target_top, 1 + i, length))
+            if torch.is_grad_enabled() and hid.is_cuda:
+                # GPU memory: the [B,T,Vd] logits/softmaxes are recomputed in backward, not kept per step.
+                loss_i, st = torch.utils.checkpoint.checkpoint(self._step_loss, *args, use_reentrant=False)
+            else:
+                loss_i, st = self._step_loss(*args)
             total = total + (self.decay ** i) * loss_i
-            with torch.no_grad():
-                guess = self.draft.to_target_ids(logits.argmax(-1))
-                correct = ((guess == _shift(target_top, 1 + i, length)) & scored).sum()
-                stats.append(torch.stack([(ce.detach() * trained).sum(), n.float(), correct.float(),
-                                          scored.sum().float()]))
+            stats.append(st)
         return total, torch.stack(stats)
 
 
@@ -438,6 +450,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     # hidden states
     offline = offline_val = None
     use_aux = cfg.arch == "eagle3"
+    t_hidden = time.time()
     if cfg.hidden == "offline":
         hdtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(
             cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
@@ -452,6 +465,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         offline_val = OfflineHidden(hdir / "val", val_ds) if val_ds is not None else None
         if offline.layers != layers:
             raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
+    hidden_s = time.time() - t_hidden
     feats = Features(target, layers, use_aux, offline)
     feats_val = Features(target, layers, use_aux, offline_val)
 
@@ -480,6 +494,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         except FileNotFoundError:
             ck = None
         if ck is not None:
+            _check_same_recipe(ck, cfg)
             step = _restore(ck, draft, opt, sched, device)
             if is_main:
                 print(f"resumed from {ck} at step {step}/{total_steps}", flush=True)
@@ -523,6 +538,11 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     bar = tqdm(total=total_steps, initial=step, unit="step", desc=f"train {cfg.arch}", disable=not is_main)
     t0, tok_seen, window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
     last_eval, started = None, step
+    if val_ds is not None and step == 0:  # the untrained draft: the baseline of the curves
+        last_eval = {"step": 0, **evaluate()}
+        if is_main:
+            logs.log("eval", last_eval)
+        t0 = time.time()
     while step < total_steps:
         epoch, plan, j = where[step]
         chunk = plan[j * per_step:(j + 1) * per_step]
@@ -567,15 +587,31 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
                                                                         "total_steps": total_steps})
             break
     bar.close()
+    if last_eval is None and val_ds is not None and step >= total_steps:  # resumed a finished run
+        last_eval = {"step": step, **evaluate()}
     elapsed = time.time() - t0
     result = {"draft": draft, "target": target, "out_dir": out_dir, "steps": step, "total_steps": total_steps,
               "finished": step >= total_steps, "eval": last_eval, "train_stats": train_stats, "val_stats": val_stats,
-              "elapsed_s": elapsed, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
+              "elapsed_s": elapsed, "hidden_precompute_s": hidden_s, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
               "train_tokens": sum(lengths), "vocab_coverage": coverage(counts, draft_ids), "world": world}
     if is_main:
         (out_dir / "summary.json").write_text(json.dumps({k: v for k, v in result.items()
                                                           if k not in ("draft", "target", "out_dir")}, indent=1))
     return result
+
+
+# Settings that may change between a run and its resumption (they do not change the result).
+RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
+               "hidden", "hidden_dir", "max_val_samples", "val_file")
+
+
+def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
+    old = json.loads((ck / "state.json").read_text())["train_config"]
+    new = asdict(cfg)
+    diff = {k: (old.get(k), new[k]) for k in new if k not in RESUME_FREE and old.get(k) != new[k]}
+    if diff:
+        raise ValueError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
+                         f"delete {ck.parent} to start afresh")
 
 
 def _restore(ck: Path, draft, opt, sched, device) -> int:
@@ -627,3 +663,52 @@ def _train_main(args) -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
+
+
+# ---- figures for notebook 04 -----------------------------------------------------------------
+def read_logs(train_dir) -> tuple:
+    """(train.csv, eval.csv) of a training folder as pandas DataFrames (eval may be empty)."""
+    import pandas as pd
+
+    d = Path(train_dir)
+    tr = pd.read_csv(d / "train.csv")
+    ev = pd.read_csv(d / "eval.csv") if (d / "eval.csv").is_file() else pd.DataFrame()
+    return tr, ev
+
+
+def plot_training(train_dirs: dict):
+    """Loss (train) and validation acc_0 / simulated acceptance length per arch, one figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for arch, d in train_dirs.items():
+        tr, ev = read_logs(d)
+        axes[0].plot(tr["step"], tr["loss"], label=arch)
+        if len(ev):
+            axes[1].plot(ev["step"], ev["acc_0"], marker="o", label=arch)
+            axes[2].plot(ev["step"], ev["sim_accept_len"], marker="o", label=arch)
+    axes[0].set(title="training loss (TTT-weighted soft CE)", xlabel="step")
+    axes[1].set(title="validation acc_0 (first draft token)", xlabel="step")
+    axes[2].set(title="simulated acceptance length (val)", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_accuracy(evals: dict):
+    """Final validation accuracy per TTT step i for each arch (bars)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(evals))
+    for k, (arch, ev) in enumerate(evals.items()):
+        steps = sorted(int(c.split("_")[1]) for c in ev if c.startswith("acc_"))
+        ax.bar([s + k * width for s in steps], [ev[f"acc_{s}"] for s in steps], width, label=arch)
+    ax.set(title="validation accuracy per draft step (teacher-forced tokens, own hidden states)",
+           xlabel="draft step i", ylabel="acc_i")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig

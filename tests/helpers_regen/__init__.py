@@ -51,3 +51,34 @@ def all_shard_rows(work: Path) -> list[dict]:
     for p in sorted((work / "shards").glob("part-*.jsonl")):
         rows += read_lines(p)
     return rows
+
+
+def tiny_folder() -> Path:
+    """The tiny target's real folder (servable by `transformers serve`)."""
+    from draftlab.target import resolve_path
+
+    return resolve_path("tiny")
+
+
+def group_gone(pid: int) -> bool:
+    """True when no process of the process group `pid` is left."""
+    import os
+
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """A real `transformers serve --continuous-batching` of the tiny target, one per test module."""
+    from draftlab.serve import LocalServer
+
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with LocalServer(tiny_folder(), log_path=log) as srv:
+        yield srv

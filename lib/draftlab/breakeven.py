@@ -1,0 +1,151 @@
+"""Break-even model: will a draft pay off, given its acceptance length and what drafting costs?
+
+Per verify cycle a speculative decoder spends one verify pass of the target plus S draft steps
+and emits on average L tokens (L = acceptance length); plain decoding spends one target step per
+token. In units of one plain target step (time T1):
+
+    cycle cost  C(S) = v + S * c          v = verify pass / T1, c = draft step / T1
+    speedup     = L / C(S)
+    break-even  L* = C(S)                 (and L = x * C(S) for a speedup of x)
+
+v is about 1 when the target is memory- or launch-bound (a GPU at small batch: verifying a few
+tokens costs about one decode step) and grows with the verified tokens when it is compute-bound
+(this CPU). v and c are fitted from the engine's own timings (`fit_costs`) and checked against
+its measured speedups (`check`). A chain of S steps cannot exceed L = S + 1, so a draft whose
+needed L* is above S + 1 can never pay off at that S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+def cycle_cost(steps: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    return verify_cost + steps * draft_cost
+
+
+def predicted_speedup(acceptance_length: float, steps: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    return acceptance_length / cycle_cost(steps, draft_cost, verify_cost)
+
+
+def breakeven_acceptance(steps: int, draft_cost: float, verify_cost: float = 1.0, speedup: float = 1.0) -> float:
+    """The acceptance length needed for `speedup` (1.0 = break even)."""
+    return speedup * cycle_cost(steps, draft_cost, verify_cost)
+
+
+def implied_cycle_cost(baseline_tps: float, spec_tps: float, acceptance_length: float) -> float:
+    """C = L * baseline / speculative: what one cycle must have cost, in plain-step units."""
+    if baseline_tps <= 0 or spec_tps <= 0:
+        raise ValueError("tokens/s must be positive")
+    return acceptance_length * baseline_tps / spec_tps
+
+
+@dataclass
+class CostModel:
+    """Costs relative to one plain target step of `step_s` seconds."""
+
+    verify_cost: float
+    draft_cost: float
+    step_s: float | None = None
+    source: str = ""
+
+    def speedup(self, acceptance_length: float, steps: int) -> float:
+        return predicted_speedup(acceptance_length, steps, self.draft_cost, self.verify_cost)
+
+    def breakeven(self, steps: int, speedup: float = 1.0) -> float:
+        return breakeven_acceptance(steps, self.draft_cost, self.verify_cost, speedup)
+
+
+def fit_costs(steps: list[int], cycle_s: list[float], step_s: float, source: str = "") -> CostModel:
+    """Least squares of cycle time / T1 = v + c * S over runs with at least two distinct S."""
+    import numpy as np
+
+    if len(set(steps)) < 2:
+        raise ValueError(f"need runs at two or more chain lengths to fit v and c, got S = {sorted(set(steps))}")
+    s = np.asarray(steps, dtype=float)
+    y = np.asarray(cycle_s, dtype=float) / step_s
+    (v, c), *_ = np.linalg.lstsq(np.stack([np.ones_like(s), s], axis=1), y, rcond=None)
+    return CostModel(verify_cost=float(v), draft_cost=float(c), step_s=step_s, source=source)
+
+
+def decode_rates(row: dict) -> dict:
+    """From a specdec.compare() row: T1, the cycle time and tokens per cycle of the decode phase
+    (the first token comes from the prefill in both paths and is left out)."""
+    g, s = row["greedy"], row["speculative"]
+    step_s = g["decode_s"] / max(1, g["completion_tokens"] - g["prompts"])
+    cycle_s = s["decode_s"] / max(1, s["verify_steps"])
+    per_cycle = (s["completion_tokens"] - s["prompts"]) / max(1, s["verify_steps"])
+    return {"steps": row["num_steps"], "step_s": step_s, "cycle_s": cycle_s, "tokens_per_cycle": per_cycle}
+
+
+def fit_from_runs(rows: list[dict]) -> CostModel:
+    """Fit v, c from the engine's chain runs (rows of specdec.chain_sweep), T1 from their greedy."""
+    rates = [decode_rates(r) for r in rows]
+    step_s = sum(r["step_s"] for r in rates) / len(rates)
+    return fit_costs([r["steps"] for r in rates], [r["cycle_s"] for r in rates], step_s,
+                     source=f"{len(rows)} engine runs ({rows[0]['eval_set']}, {rows[0]['samples']} prompts)")
+
+
+def check(rows: list[dict], model: CostModel) -> list[dict]:
+    """Predicted vs measured decode speedup of each run."""
+    out = []
+    for r in rows:
+        rates = decode_rates(r)
+        pred = model.speedup(rates["tokens_per_cycle"], r["num_steps"])
+        meas = r["decode_speedup"]
+        out.append({"steps": r["num_steps"], "tokens_per_cycle": rates["tokens_per_cycle"],
+                    "acceptance_length": r["acceptance_length"], "predicted_speedup": pred,
+                    "measured_speedup": meas, "relative_error": (pred - meas) / meas if meas else None,
+                    "breakeven_acceptance": model.breakeven(r["num_steps"])})
+    return out
+
+
+def worked_example(baseline_tps: float = 90.0, spec_tps: float = 82.3, acceptance_length: float = 2.1,
+                   draft_tokens: int = 5, topk: int = 1, verify_cost: float = 1.0) -> dict:
+    """The deployment that motivated draftlab: slower with speculation than without.
+
+    With topk 1, D = 5 draft tokens means S = 4 draft steps. v = 1 assumes the verify of D
+    tokens costs one decode step (large target, small batch); the implied cycle cost itself
+    needs no assumption.
+    """
+    steps = draft_tokens - 1 if topk == 1 else None
+    cost = implied_cycle_cost(baseline_tps, spec_tps, acceptance_length)
+    out = {"baseline_tps": baseline_tps, "spec_tps": spec_tps, "acceptance_length": acceptance_length,
+           "draft_tokens": draft_tokens, "topk": topk, "steps": steps, "verify_cost_assumed": verify_cost,
+           "measured_speedup": spec_tps / baseline_tps,
+           "implied_cycle_cost": cost,  # in plain target steps
+           "implied_draft_overhead": cost - verify_cost}  # everything but the verify, per cycle
+    if steps:
+        model = CostModel(verify_cost, (cost - verify_cost) / steps, source="worked example")
+        out.update({"implied_draft_cost_per_step": model.draft_cost,
+                    "breakeven_acceptance": model.breakeven(steps),
+                    "acceptance_for_1_5x": model.breakeven(steps, 1.5),
+                    "acceptance_for_2x": model.breakeven(steps, 2.0),
+                    "max_acceptance": steps + 1})
+    return out
+
+
+def curve(model: CostModel, steps: int, lengths=None) -> tuple[list[float], list[float]]:
+    """(acceptance lengths, predicted speedups) for a plot, from 1 to the chain bound S + 1."""
+    lengths = lengths or [1 + i * steps / 50 for i in range(51)]
+    return lengths, [model.speedup(x, steps) for x in lengths]
+
+
+def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, title: str = "") -> None:
+    """Break-even curves (one per S) with measured runs as points (measured_speedup vs tokens/cycle)."""
+    for s in steps_list:
+        x, y = curve(model, s)
+        line, = ax.plot(x, y, label=f"S={s} (break-even L={model.breakeven(s):.2f})")
+        pts = [m for m in (measured or []) if m["steps"] == s and m["measured_speedup"]]
+        if pts:
+            ax.scatter([m["tokens_per_cycle"] for m in pts], [m["measured_speedup"] for m in pts],
+                       color=line.get_color(), zorder=3)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("acceptance length (tokens per verify step)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(title or f"break-even model: v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
+    ax.legend(fontsize=7)
+
+
+def as_dict(model: CostModel) -> dict:
+    return asdict(model)

@@ -1,0 +1,225 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: draftlab
+#     language: python
+#     name: draftlab
+# ---
+
+# %% [markdown]
+# # 06 · Benchmark acceptance: acceptance length, speedup, and will the draft pay off?
+# **Question:** how many tokens does each verify step of the trained drafts yield (by evaluation
+# set, chain length and draft position), how fast is speculative decoding against plain greedy
+# decoding in the same engine, and what acceptance length would break even?
+# **In → out:** `RUN_DIR/drafts/{eagle3,eagle1}/` (notebook 04), `RUN_DIR/data/blend/test.jsonl`
+# (notebook 02), HumanEval → tables, five figures, `metrics.json`; optional live SGLang endpoints.
+# **Hardware / runtime:** smoke (tiny target) ~1 min on a CPU; quick (embedded target, a few short
+# answers) ~3 min on a quiet 2-core CPU; full: one H200, fp32, CUDA graphs, a few minutes.
+
+# %% tags=["parameters"]
+RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
+PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
+TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+DEVICE = "auto"  # auto | cpu | cuda
+SEED = 0  # random seed for everything in this notebook
+DTYPE = "float32"  # engine dtype; fp32 keeps the lossless check exact (bf16 flips near-ties)
+THREADS = 2  # torch CPU threads (1 on a busy shared CPU: oversubscribed threads slow verify steps badly)
+EVAL_SETS = ["blend", "humaneval"]  # blend: RUN_DIR/data/blend/test.jsonl (notebook 02), humaneval: 164 prompts, or a .jsonl
+SAMPLES = 2  # prompts per evaluation set (the first N)
+MAX_NEW_TOKENS = 12  # new tokens per answer at most
+ARCHS = ["eagle3", "eagle1"]  # drafts from notebook 04 (RUN_DIR/drafts/<arch>)
+MAIN_STEPS = 3  # chain length S for the per-set comparison
+CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
+TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
+WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
+LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
+LIVE_SPEC_URLS = {}  # optional: {label: url} of speculative SGLang servers
+LIVE_CONCURRENCY = [1, 8]  # live: concurrency levels
+LIVE_REPEATS = 3  # live: measurement windows per level (for confidence intervals)
+
+# %%
+import json
+
+import pandas as pd
+import torch
+
+from draftlab import bench, breakeven, specdec, specdec_report
+from draftlab import notebook as nb
+from draftlab.draft import load_draft
+from draftlab.target import load_target
+
+run = nb.start("06_benchmark_acceptance", globals())
+torch.set_num_threads(THREADS)
+
+# %% [markdown]
+# ## 1 · Target, drafts and evaluation sets
+# Every figure below names its evaluation set and sample count. The drafts are the exports of
+# notebook 04, loaded exactly as SGLang would read them (config.json + model.safetensors).
+
+# %%
+target = load_target(TARGET, device=run.device, dtype=DTYPE)
+drafts = {}
+for arch in ARCHS:
+    folder = run.dir / "drafts" / arch
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: no exported draft; run notebook 04_train_draft first")
+    drafts[arch] = load_draft(folder, target)
+sets = {}
+for name in EVAL_SETS:
+    prompts = bench.load_eval_set(name, run_dir=run.dir, limit=SAMPLES)
+    sets[name] = specdec.encode_prompts(target, [p["messages"] for p in prompts])
+pd.DataFrame([{"eval_set": k, "samples": len(v), "mean prompt tokens": sum(map(len, v)) / len(v)}
+              for k, v in sets.items()])
+
+# %% [markdown]
+# ## 2 · Acceptance and speedup by evaluation set
+# Greedy decoding runs once per set and is reused by every speculative run on that set (same
+# engine, same prompts). `lossless` counts prompts whose speculative output equals greedy.
+
+# %%
+rows, greedy = [], {}
+for name, ids in sets.items():
+    for arch, draft in drafts.items():
+        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, max_new_tokens=MAX_NEW_TOKENS)
+        res = specdec.compare(target, draft, ids, cfg, eval_set=name, greedy_results=greedy.get(name),
+                              warmup=0 if name in greedy else 1)
+        greedy[name] = res["_greedy_results"]
+        rows.append({**specdec.public(res), "arch": arch})
+main = list(rows)
+specdec_report.table(main)
+
+# %% [markdown]
+# ## 3 · The wrong server flag: the EAGLE-3 draft under `--speculative-algorithm EAGLE`
+# SGLang then sends only the final hidden state: `fc` is skipped and the target's head replaces
+# the trained one. Acceptance should collapse to about 1.0, with no error anywhere.
+
+# %%
+first = EVAL_SETS[0]
+wrong = []
+if WRONG_MODE and "eagle3" in drafts:
+    cfg = specdec.SpecConfig(mode="EAGLE", num_steps=MAIN_STEPS, max_new_tokens=MAX_NEW_TOKENS)
+    res = specdec.compare(target, drafts["eagle3"], sets[first], cfg, eval_set=first, greedy_results=greedy[first],
+                          warmup=0)
+    wrong.append({**specdec.public(res), "arch": "eagle3"})
+specdec_report.table(wrong) if wrong else "skipped"
+
+# %% [markdown]
+# ## 4 · Acceptance by chain length S (first evaluation set)
+
+# %%
+chain = []
+for arch, draft in drafts.items():
+    for s in CHAIN_STEPS:
+        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
+        res = specdec.compare(target, draft, sets[first], cfg, eval_set=first, greedy_results=greedy[first], warmup=0)
+        chain.append({**specdec.public(res), "arch": arch})
+fig = specdec_report.plot_acceptance_by_chain(chain)
+nb.save_figure(run, fig, "acceptance_by_chain")
+specdec_report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
+
+# %%
+fig = specdec_report.plot_acceptance_by_set(main + wrong)
+nb.save_figure(run, fig, "acceptance_by_set")
+
+# %% [markdown]
+# ## 5 · Per-position acceptance and a tree
+# a_i = P(draft token i accepted | tokens before it accepted). The tree run (topk K, D verified
+# tokens, SGLang's selection by cumulative draft log-probability) shows what a wider draft buys.
+
+# %%
+tree = []
+if TREE:
+    cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=TREE[0], num_draft_tokens=TREE[1],
+                             max_new_tokens=MAX_NEW_TOKENS)
+    res = specdec.compare(target, drafts[ARCHS[0]], sets[first], cfg, eval_set=first, greedy_results=greedy[first],
+                          warmup=0)
+    tree.append({**specdec.public(res), "arch": ARCHS[0]})
+fig = specdec_report.plot_position_acceptance(main + tree)
+nb.save_figure(run, fig, "position_acceptance")
+specdec_report.table(tree) if tree else "skipped"
+
+# %%
+fig = specdec_report.plot_throughput(main + wrong + tree)
+nb.save_figure(run, fig, "throughput")
+
+# %% [markdown]
+# ## 6 · Break-even model
+# Cycle cost C(S) = v + S·c in plain target steps (v: verify pass, c: one draft step), fitted by
+# least squares on the chain runs' decode timings; predicted speedup = tokens per cycle / C(S),
+# checked against the measured decode speedups; break-even acceptance L* = C(S).
+
+# %%
+fits, checks = {}, {}
+for arch in drafts:
+    arch_rows = [r for r in chain if r["arch"] == arch]
+    if len({r["num_steps"] for r in arch_rows}) >= 2:
+        fits[arch] = breakeven.fit_from_runs(arch_rows)
+        checks[arch] = breakeven.check(arch_rows, fits[arch])
+model_arch = "eagle3" if "eagle3" in fits else next(iter(fits), None)
+if model_arch is not None:
+    import matplotlib.pyplot as plt
+
+    model = fits[model_arch]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    breakeven.plot(ax, model, CHAIN_STEPS, checks[model_arch],
+                   title=f"{model_arch} on {run.device} ({DTYPE}), {first} n={len(sets[first])}: "
+                         f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
+    nb.save_figure(run, fig, "breakeven")
+pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
+
+# %% [markdown]
+# The deployment that motivated draftlab: 90 tok/s without speculation, 82.3 tok/s with it at
+# acceptance length 2.1 and 5 draft tokens (topk 1, so S = 4), assuming a verify costs one step.
+
+# %%
+example = breakeven.worked_example()
+pd.Series(example)
+
+# %% [markdown]
+# ## 7 · Live SGLang endpoints (optional)
+# Same prompts at temperature 0; acceptance length = sum(completion_tokens) / sum(spec_verify_ct)
+# from `meta_info`; absent (not 1.0) for a server that reports no speculative fields.
+
+# %%
+live = None
+if LIVE_BASELINE_URL:
+    prompts = [p["messages"] for p in bench.load_eval_set(first, run_dir=run.dir, limit=SAMPLES)]
+    live, _ = bench.compare_live(LIVE_BASELINE_URL, dict(LIVE_SPEC_URLS), prompts, eval_set=first,
+                                 concurrency=LIVE_CONCURRENCY, repeats=LIVE_REPEATS, max_tokens=MAX_NEW_TOKENS)
+live if live is not None else "no live endpoints given"
+
+# %%
+nb.save_metrics(run, {
+    "device": run.device, "dtype": DTYPE, "max_new_tokens": MAX_NEW_TOKENS,
+    "eval_sets": {k: len(v) for k, v in sets.items()},
+    "by_set": specdec_report.table(main).to_dict(orient="records"),
+    "wrong_mode": specdec_report.table(wrong).to_dict(orient="records") if wrong else None,
+    "by_chain": specdec_report.table(chain).to_dict(orient="records"),
+    "tree": specdec_report.table(tree).to_dict(orient="records") if tree else None,
+    "position_acceptance": {f"{r['arch']} {r['eval_set']}": r["speculative"]["position_acceptance"] for r in main},
+    "accept_histogram": {f"{r['arch']} {r['eval_set']}": r["speculative"]["accept_histogram"] for r in main},
+    "lossless": all(r["lossless"] for r in main + wrong + chain + tree),
+    "breakeven_fit": {arch: breakeven.as_dict(m) for arch, m in fits.items()},
+    "breakeven_check": checks,
+    "worked_example": example,
+    "live": live.to_dict(orient="records") if live is not None else None,
+})
+
+# %% [markdown]
+# ## Findings
+# - Read the tables above for this run's figures; every acceptance length is
+#   sum(completion tokens) / sum(verify steps) with the bonus (and the prefill's first token)
+#   counted, as SGLang reports it.
+# - `lossless` must read n/n everywhere: speculative decoding at temperature 0 emits exactly the
+#   target's greedy tokens (fp32).
+# - The EAGLE-3 draft under the EAGLE flag should sit near 1.0: the silent failure mode.
+# - On a compute-bound CPU a verify pass of S + 1 tokens costs more than one decode step (v > 1),
+#   so break-even needs a higher acceptance length than on a GPU, where v ≈ 1 and the draft step
+#   cost c decides.

@@ -1,0 +1,148 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: draftlab
+#     language: python
+#     name: draftlab
+# ---
+
+# %% [markdown]
+# # 07 · Data scaling: is 10x more regenerated data worth its regeneration time?
+# **Question:** how does acceptance length grow with the number of regenerated training
+# conversations, for EAGLE-3 and for the EAGLE-1-style draft, and what would 10x more data buy?
+# **In → out:** `RUN_DIR/data/regen/` (notebook 03; and 04's drafts when trained with the same
+# recipe) → drafts on nested subsets, held-out acceptance (simulated, and real chain decoding at
+# S steps), fitted curves with 95% bands, the extrapolation and its cost, two figures, `metrics.json`.
+# **Hardware / runtime:** quick ~3 min on a 2-core CPU (tiny subsets); full ~8-12 min on one H200.
+# Resumable: each (architecture, size) is saved as soon as it is done and skipped on a rerun.
+
+# %% tags=["parameters"]
+RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
+PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
+TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+DEVICE = "auto"  # auto | cpu | cuda
+SEED = 0  # random seed: the subsets' shuffle, training, bootstrap
+SIZES = [4, 8]  # nested subset sizes (training conversations); sizes above the data are capped to it
+ARCHS = ["eagle3", "eagle1"]  # architectures to train on every subset
+EPOCHS = 1.0  # epochs over each subset: the same training budget per sample for every size
+RECIPE_FROM_04 = False  # take the training recipe (epochs, lr, vocab, lengths, ...) from 04's checkpoint
+DRAFT_VOCAB_SIZE = 256  # draft vocabulary (most frequent assistant tokens of each subset)
+MAX_LEN = 128  # tokens per conversation (longer ones are truncated)
+TTT_STEPS = 3  # training-time-test unroll; the simulated acceptance length is at most TTT_STEPS + 1
+BATCH_TOKENS = 512  # padded tokens per micro-batch
+MAX_BATCH = 8  # conversations per micro-batch at most
+LR = 0.001  # AdamW peak learning rate (warmup, cosine decay)
+CHECKPOINT_EVERY = 100  # training steps between checkpoints (a killed run resumes from the last)
+VAL_SAMPLES = 4  # held-out conversations for the simulated acceptance length
+SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 = skip
+SPEC_STEPS = 6  # chain length S for that decoding
+SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
+INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
+TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds (0 = no limit)
+FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
+GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8: EAGLE-3 chain at S = 6)
+
+# %%
+import pandas as pd
+
+from draftlab import notebook as nb
+from draftlab import scaling
+from draftlab.target import load_target
+
+run = nb.start("07_data_scaling", globals())
+work = run.dir / "scaling"
+
+# %% [markdown]
+# ## 1 · Nested subsets and the recipe
+# One seeded shuffle of the regenerated training set; the subset of size n is its first n rows,
+# so every subset holds the smaller ones. Every size is trained for the same number of epochs.
+
+# %%
+plan = scaling.prepare(run.dir, work, SIZES, SEED, VAL_SAMPLES)
+settings, recipe_notes = scaling.study_settings(
+    run.dir, from_04=RECIPE_FROM_04, archs=ARCHS, epochs=EPOCHS, draft_vocab_size=DRAFT_VOCAB_SIZE, max_len=MAX_LEN,
+    ttt_steps=TTT_STEPS, batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, lr=LR, checkpoint_every=CHECKPOINT_EVERY,
+    val_samples=VAL_SAMPLES, spec_prompts=SPEC_PROMPTS, spec_steps=SPEC_STEPS, spec_max_new_tokens=SPEC_MAX_NEW_TOKENS,
+    time_budget_s=TIME_BUDGET_S, seed=SEED)
+print(f"training rows available: {plan.available:,}; subsets: {plan.sizes}; held-out: {plan.val_file}")
+print(f"recipe: {settings.train}")
+for note in plan.notes + recipe_notes:
+    print("note:", note)
+
+# %% [markdown]
+# ## 2 · Train and measure every (architecture, size)
+# Smallest sizes first, architectures interleaved. Each draft is exported in SGLang's format and
+# measured from that export: simulated acceptance length `1 + a0 + a0·a1 + ...` from the per-step
+# accuracies on held-out conversations (bootstrap standard error over conversations), and, when
+# `SPEC_PROMPTS > 0`, real chain decoding at `SPEC_STEPS` steps in the reference engine.
+
+# %%
+target = load_target(TARGET, device=run.device)
+extra_points, extra_notes = (scaling.points_from_04(run.dir, settings.train) if INCLUDE_04_DRAFTS else ([], []))
+for note in extra_notes:
+    print("note:", note)
+study = scaling.run_study(target, TARGET, run.device, plan, work, settings, extra_points)
+results = study["results"]
+scaling.summary_table(results)
+
+# %% [markdown]
+# ## 3 · Fitted curves and the 10x extrapolation
+# Two fits per architecture with `scipy.optimize.curve_fit`, weighted by each point's standard
+# error: log-linear `a + b·log10(n)` (keeps rising: optimistic) and saturating
+# `y∞ − b·(n/1000)^−c` (levels off: conservative; needs 4+ points). Bands are 95% intervals from
+# the parameter covariance, inflated by the reduced chi-square when points scatter more than their
+# errors. The extra data is priced with the regeneration rate measured in notebook 03.
+
+# %%
+fits = scaling.fit_all(results)
+chain_fits = scaling.fit_all(results, "chain_acceptance_length")
+regen = scaling.regen_throughput(run.dir)
+extrapolation = scaling.extrapolate(fits, results, regen, FACTOR, GOAL)
+chain_extrapolation = scaling.extrapolate(chain_fits, results, regen, FACTOR, GOAL)
+print(f"regeneration: {regen['tok_s'] or float('nan'):.0f} completion tok/s ({regen['tok_s_source']}), "
+      f"{regen['mean_completion_tokens'] or float('nan'):.0f} completion tokens per conversation")
+fig = scaling.plot_scaling(results, fits, FACTOR, GOAL)
+nb.save_figure(run, fig, "acceptance_vs_data")
+
+# %%
+if any(r.get("chain_acceptance_length") for r in results):
+    fig = scaling.plot_scaling(results, chain_fits, FACTOR, GOAL, metric="chain_acceptance_length")
+    fig.axes[0].set_title(f"Real chain acceptance length (S={SPEC_STEPS}) vs training data")
+    nb.save_figure(run, fig, "chain_acceptance_vs_data")
+fig = scaling.plot_extrapolation(extrapolation)
+nb.save_figure(run, fig, "extrapolation")
+pd.DataFrame({arch: {k: v for k, v in e.items() if not isinstance(v, dict)} for arch, e in extrapolation.items()})
+
+# %%
+summary_lines = scaling.findings(results, extrapolation, study["deferred"])
+summary_lines += ["real chain decoding:"] + scaling.findings(
+    [r for r in results if r.get("chain_acceptance_length")], chain_extrapolation, [],
+    metric="chain_acceptance_length") if chain_extrapolation else []
+print("\n".join(summary_lines))
+
+# %%
+nb.save_metrics(run, {
+    "sizes": plan.sizes, "available_rows": plan.available, "recipe": settings.train,
+    "eval": settings.eval_settings(), "notes": plan.notes + recipe_notes + extra_notes,
+    "complete": not study["deferred"], "deferred": study["deferred"], "wall_s": study["wall_s"],
+    "results": [{k: v for k, v in r.items() if k not in ("draft_dir", "key")} for r in results],
+    "fits": scaling.fits_as_dict(fits), "chain_fits": scaling.fits_as_dict(chain_fits),
+    "regeneration": regen, "extrapolation": extrapolation, "chain_extrapolation": chain_extrapolation,
+    "findings": summary_lines,
+})
+
+# %% [markdown]
+# ## Findings
+# The printed summary above states, from this run's measurements only, acceptance length per size
+# and architecture, both fits' predictions at 10x data with 95% bands, and the regeneration hours
+# that data would cost; `results/reference/README.md` discusses the reference run on one H200.
+# How to read it: if the log-linear band at 10x stays below the goal, more of the same data will
+# not close the gap; if the saturating fit's ceiling is close to the current point, the draft (or
+# its recipe: epochs, vocabulary, TTT length), not the data volume, is what limits acceptance.

@@ -1,0 +1,44 @@
+"""DDP through torchrun: two gloo processes on the CPU train the same draft as one process
+accumulating the same two micro-batches per step."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_train import small_config, write_fixture
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
+    from draftlab.train import find_checkpoint, train
+
+    files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
+    common = dict(epochs=1, save_every=100, eval_every=100, threads=1)
+    ddp_out = tmp_path / "ddp" / "eagle3"
+    cfg = small_config(files, ddp_out, **common)
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+            f"--master_port={_free_port()}", "-m", "draftlab.cli", "train"]
+    for k, v in vars(cfg).items():
+        if k == "capture_layers":
+            continue
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world 2" in proc.stdout
+    ddp = load_file(str(find_checkpoint(ddp_out) / "draft.safetensors"))
+
+    single = train(small_config(files, tmp_path / "one" / "eagle3", grad_accum=2, **common))
+    ref = single["draft"].state_dict()
+    assert int(find_checkpoint(ddp_out).name.split("-")[1]) == single["steps"] > 1
+    for k, v in ref.items():
+        assert torch.allclose(ddp[k].float(), v.float(), atol=1e-4), (k, (ddp[k].float() - v.float()).abs().max())

@@ -1,0 +1,196 @@
+"""draftlab.regenerate: input checks, replay plans, crash-safe files, and runs against a real server."""
+
+import json
+
+import pytest
+
+from draftlab.records import RecordError
+from draftlab.regenerate import (RegenConfig, finalize, load_conversations, plan_turns,
+                                 regenerate, repair_jsonl, scan_work, slots)
+from helpers_regen import (all_shard_rows, make_conversations, read_lines, tiny_server,  # noqa: F401
+                           write_jsonl)
+
+
+# ------------------------------------------------------------------ input and plans
+
+@pytest.mark.parametrize("line, match", [
+    ("{not json", "line 2: not valid JSON"),
+    (json.dumps({"id": "x", "messages": [{"role": "bot", "content": "a"}]}), r"line 2: messages\[0\].role"),
+    (json.dumps({"id": "x", "messages": [{"role": "user", "content": 3}]}), r"line 2: messages\[0\].content"),
+    (json.dumps({"messages": [{"role": "user", "content": "a"}]}), "line 2: missing field 'id'"),
+    (json.dumps({"id": "x", "messages": [{"role": "system", "content": "a"}]}), "line 2: .*no user turn"),
+])
+def test_bad_input_names_file_line_and_field(tmp_path, line, match):
+    good = make_conversations(1)[0]
+    path = tmp_path / "blend.jsonl"
+    path.write_text(json.dumps(good) + "\n" + line + "\n")
+    with pytest.raises(RecordError, match=match) as err:
+        load_conversations(path)
+    assert str(path) in str(err.value)
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    row = make_conversations(1)[0]
+    path = write_jsonl(tmp_path / "in.jsonl", [row, row])
+    with pytest.raises(RecordError, match="line 2: duplicate id"):
+        load_conversations(path)
+
+
+def test_plan_applies_system_policy_and_turn_limit():
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
+            {"role": "assistant", "content": "a2"}]
+    assert [m["role"] for m in plan_turns(msgs, RegenConfig())] == [
+        "system", "user", "assistant", "user", "assistant"]
+    assert plan_turns(msgs, RegenConfig(system_policy="drop"))[0]["role"] == "user"
+    p = plan_turns(msgs, RegenConfig(system_policy="set", system_prompt="Be brief."))
+    assert p[0] == {"role": "system", "content": "Be brief."} and len(p) == 5
+    p = plan_turns(msgs, RegenConfig(max_assistant_turns=1))
+    assert [m["content"] for m in p] == ["S", "u1", "a1"] and slots(p) == [2]
+    prompt_only = plan_turns([{"role": "user", "content": "q"}], RegenConfig())
+    assert prompt_only[-1] == {"role": "assistant", "content": ""} and slots(prompt_only) == [1]
+    with pytest.raises(ValueError, match="system_prompt"):
+        RegenConfig(system_policy="set")
+    with pytest.raises(ValueError, match="truncation"):
+        RegenConfig(truncation="keep")
+
+
+def test_repair_cuts_a_torn_tail_and_rejects_damage_elsewhere(tmp_path):
+    path = tmp_path / "part.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b"}\n{"id": "c", "mess')
+    assert [r["id"] for r in repair_jsonl(path)] == ["a", "b"]
+    assert path.read_bytes() == b'{"id": "a"}\n{"id": "b"}\n'
+    path.write_bytes(b'{"id": "a"}\n{"id": "b"}')  # whole row, newline lost
+    assert [r["id"] for r in repair_jsonl(path)] == ["a", "b"]
+    assert path.read_bytes().endswith(b"}\n")
+    path.write_bytes(b'{"id": "a"}\n{"id": \n{"id": "c"}\n')
+    with pytest.raises(RecordError, match="line 2"):
+        repair_jsonl(path)
+
+
+def test_finalize_keeps_input_order_and_counts(tmp_path):
+    rows = make_conversations(5)
+    work = tmp_path / "work"
+    (work / "shards").mkdir(parents=True)
+    write_jsonl(work / "shards" / "part-00000.jsonl", [rows[3], rows[0]])
+    write_jsonl(work / "shards" / "part-00001.jsonl", [rows[1]])
+    write_jsonl(work / "dropped.jsonl", [{"id": rows[2]["id"], "reason": "length"}])
+    write_jsonl(work / "errors.jsonl", [{"id": rows[4]["id"], "reason": "HTTP 500"}])
+    counts = finalize(work, tmp_path / "train.jsonl", rows)
+    assert [r["id"] for r in read_lines(tmp_path / "train.jsonl")] == [rows[i]["id"] for i in (0, 1, 3)]
+    assert counts["rows_kept"] == 3 and counts["rows_dropped_truncated"] == 1
+    assert counts["rows_error"] == 1 and counts["rows_missing"] == 0
+
+
+# ------------------------------------------------------------------ against the tiny target's real server
+
+def _cfg(srv, **kw):
+    kw.setdefault("max_tokens", 6)
+    kw.setdefault("concurrency", 6)
+    return RegenConfig(model=srv.model, model_name="tiny", **kw)
+
+
+@pytest.mark.server
+def test_end_to_end_multi_turn_records(tiny_server, tmp_path):
+    rows = make_conversations(24)
+    cfg = _cfg(tiny_server, truncation="keep_flag", system_policy="set", system_prompt="Be brief.",
+               temperature=0.7, top_p=0.9, seed=3, stop=["\n\n"])
+    summary = regenerate(rows, tmp_path / "work", [tiny_server.base_url], cfg, progress=False)
+    assert summary["rows_done"] == 24 and summary["rows_error"] == 0
+    out = {r["id"]: r for r in all_shard_rows(tmp_path / "work")}
+    assert set(out) == {r["id"] for r in rows}
+    for src in rows:
+        got = out[src["id"]]
+        regen = got["meta"]["regen"]
+        n_turns = max(1, sum(m["role"] == "assistant" for m in src["messages"]))
+        assert got["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert [m["role"] for m in got["messages"][1:]] == [
+            m["role"] for m in src["messages"] if m["role"] != "system"
+        ] + (["assistant"] if src["messages"][-1]["role"] == "user" else [])
+        assert len(regen["finish_reasons"]) == n_turns == len(regen["completion_tokens"])
+        assert regen["model"] == "tiny" and regen["servers"] == [tiny_server.base_url] * n_turns
+        assert regen["sampling"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 6,
+                                     "stop": ["\n\n"], "seed": 3}
+        assert regen["system_policy"] == "set" and regen["system_prompt"] == "Be brief."
+        assert all(0 < c <= 6 for c in regen["completion_tokens"])
+        assert regen["truncated"] == ("length" in regen["finish_reasons"])
+        assert got["meta"]["row"] == src["meta"]["row"]  # the source meta is kept
+        if n_turns == 2:  # turn 2 was asked with the regenerated turn 1 in its history
+            assert regen["prompt_tokens"][1] > regen["prompt_tokens"][0] + regen["completion_tokens"][0]
+            assert got["messages"][2]["content"] != src["messages"][-3]["content"]
+    kept_flagged = sum(r["meta"]["regen"]["truncated"] for r in out.values())
+    assert summary["rows_kept_truncated"] == kept_flagged
+
+
+@pytest.mark.server
+def test_truncation_drop_counts_and_resume(tiny_server, tmp_path):
+    rows = make_conversations(20, multi_turn_every=0)
+    work = tmp_path / "work"
+    cfg = _cfg(tiny_server, max_tokens=3, truncation="drop")
+    first = regenerate(rows[:12], work, [tiny_server.base_url], cfg, progress=False)
+    assert first["rows_done"] + first["rows_dropped_truncated"] == 12
+    assert first["rows_dropped_truncated"] > 0, "3-token answers of a random model should be cut"
+    dropped = read_lines(work / "dropped.jsonl")
+    assert all(d["reason"] == "length" and d["completion_tokens"] == [3] for d in dropped)
+    assert not any(r["meta"]["regen"]["truncated"] for r in all_shard_rows(work))
+    again = regenerate(rows, work, [tiny_server.base_url], cfg, progress=False)
+    assert again["rows_skipped_resume"] == 12
+    assert again["rows_done"] + again["rows_dropped_truncated"] == 8
+    state = scan_work(work)
+    assert state.finished == {r["id"] for r in rows} and state.duplicates == 0
+    counts = finalize(work, tmp_path / "train.jsonl", rows)
+    assert counts["rows_kept"] + counts["rows_dropped_truncated"] == 20
+
+
+@pytest.mark.server
+def test_dead_server_is_taken_out(tiny_server, tmp_path):
+    from draftlab.serve import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    rows = make_conversations(16, multi_turn_every=0)
+    cfg = _cfg(tiny_server, truncation="keep_flag", down_after=2, server_cooldown=30,
+               backoff_base=0.01)
+    summary = regenerate(rows, tmp_path / "work", [dead, tiny_server.base_url], cfg, progress=False)
+    assert summary["rows_done"] == 16 and summary["rows_error"] == 0
+    assert summary["servers"][dead]["outages"] == 1 and summary["servers"][dead]["ok"] == 0
+    assert all(r["meta"]["regen"]["servers"] == [tiny_server.base_url]
+               for r in all_shard_rows(tmp_path / "work"))
+
+
+@pytest.mark.server
+def test_cli_end_to_end_with_output(tiny_server, tmp_path):
+    from draftlab.regenerate import main
+
+    rows = make_conversations(6)
+    src = write_jsonl(tmp_path / "blend" / "train.jsonl", rows)
+    code = main(["regenerate", str(src), str(tmp_path / "work"), "--base-url", tiny_server.base_url,
+                 "--model", tiny_server.model, "--max-tokens", "4", "--truncation", "keep_flag",
+                 "--output", str(tmp_path / "regen" / "train.jsonl"), "--no-progress"])
+    assert code == 0
+    assert [r["id"] for r in read_lines(tmp_path / "regen" / "train.jsonl")] == [r["id"] for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_embedded_server_end_to_end(tmp_path):
+    """The real embedded target through its server: answers are text, counts are the tokenizer's."""
+    from draftlab.serve import LocalServer
+    from draftlab.target import load_tokenizer, resolve_path
+
+    rows = make_conversations(6, multi_turn_every=3)
+    tok = load_tokenizer("embedded")
+    with LocalServer(resolve_path("embedded"), log_path=tmp_path / "serve.log") as srv:
+        cfg = RegenConfig(model=srv.model, model_name="SmolLM2-135M-Instruct", max_tokens=24,
+                          truncation="keep_flag", concurrency=6)
+        summary = regenerate(rows, tmp_path / "work", [srv.base_url], cfg, progress=False)
+    assert summary["rows_done"] == 6 and summary["rows_error"] == 0
+    for row in all_shard_rows(tmp_path / "work"):
+        regen = row["meta"]["regen"]
+        answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert set(regen["finish_reasons"]) <= {"stop", "length"}
+        for text, n, reason in zip(answers, regen["completion_tokens"], regen["finish_reasons"]):
+            assert text.strip() and any(c.isalpha() for c in text)
+            n_tok = len(tok(text, add_special_tokens=False).input_ids)
+            assert abs(n_tok - n) <= 2, (text, n, n_tok)
+            if reason == "length":
+                assert n == 24

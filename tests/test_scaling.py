@@ -1,0 +1,157 @@
+"""Data-scaling study: nested subsets, resumable results, curve fits and their bands, cost of 10x."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from draftlab import scaling
+from draftlab.records import conversation_id
+
+
+def _conversation(k: int, t_done: float) -> dict:
+    messages = [{"role": "user", "content": f"Write a function number {k} that adds {k} to x."},
+                {"role": "assistant", "content": f"def add_{k}(x):\n    return x + {k}\n"}]
+    return {"id": conversation_id(messages, "fixture"), "source": "fixture", "messages": messages,
+            "meta": {"regen": {"completion_tokens": [12 + k % 5], "t_done": t_done}}}
+
+
+def _regen_dir(run_dir, n_train: int, n_val: int | None):
+    regen = run_dir / "data" / "regen"
+    regen.mkdir(parents=True)
+    t0 = 1_000_000.0
+    (regen / "train.jsonl").write_text("".join(json.dumps(_conversation(k, t0 + k)) + "\n" for k in range(n_train)))
+    if n_val:
+        (regen / "val.jsonl").write_text(
+            "".join(json.dumps(_conversation(1000 + k, t0)) + "\n" for k in range(n_val)))
+    return regen
+
+
+def test_subsets_are_nested_seeded_and_capped(tmp_path):
+    _regen_dir(tmp_path, 30, None)
+    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [5, 10, 100], seed=3, val_samples=6)
+    rows = [json.loads(line) for line in plan.train_file.read_text().splitlines()]
+    held = [json.loads(line) for line in plan.val_file.read_text().splitlines()]
+    assert len(rows) == 24 and len(held) == 6 and not {r["id"] for r in rows} & {r["id"] for r in held}
+    assert plan.sizes == [5, 10, 24] and any("capped" in n for n in plan.notes)
+    # the same seed gives the same order (subset n = first n rows: nested); another seed another
+    again = scaling.prepare(tmp_path, tmp_path / "again", [5], seed=3, val_samples=6)
+    assert again.train_file.read_text() == plan.train_file.read_text()
+    other = scaling.prepare(tmp_path, tmp_path / "other", [5], seed=4, val_samples=6)
+    assert other.train_file.read_text() != plan.train_file.read_text()
+
+
+def test_prepare_names_the_missing_stage(tmp_path):
+    with pytest.raises(scaling.ScalingError, match="03_regenerate"):
+        scaling.prepare(tmp_path, tmp_path / "s", [10])
+
+
+def test_prepare_uses_val_jsonl_when_present(tmp_path):
+    regen = _regen_dir(tmp_path, 12, 4)
+    plan = scaling.prepare(tmp_path, tmp_path / "s", [4, 12])
+    assert plan.val_file == regen / "val.jsonl" and plan.available == 12 and plan.sizes == [4, 12]
+
+
+def test_loglinear_fit_recovers_parameters_and_band_covers_truth():
+    n = np.array([1000, 2000, 5000, 10000, 20000])
+    rng = np.random.default_rng(0)
+    y = 1.2 + 0.4 * np.log10(n) + rng.normal(0, 0.01, len(n))
+    fit = scaling.fit_curve(n, y, [0.01] * len(n), "loglinear")
+    assert fit.ok and abs(fit.params[1] - 0.4) < 0.05
+    lo, hi = fit.band([200000])
+    truth = 1.2 + 0.4 * np.log10(200000)
+    assert lo[0] < truth < hi[0] and hi[0] - lo[0] < 0.5
+
+
+def test_saturating_fit_finds_the_ceiling():
+    n = np.array([1000, 2000, 5000, 10000, 20000, 50000])
+    y = 2.5 - 0.8 * (n / 1000.0) ** -0.6
+    fit = scaling.fit_curve(n, y, [0.005] * len(n), "saturating")
+    assert fit.ok and abs(fit.params[0] - 2.5) < 0.05
+    # too few points for three parameters: refused with a reason, not a made-up curve
+    short = scaling.fit_curve(n[:3], y[:3], None, "saturating")
+    assert not short.ok and "need at least 4" in short.reason
+
+
+def test_band_widens_when_points_scatter_more_than_their_errors():
+    n = np.array([1000, 2000, 5000, 10000])
+    y = np.array([1.50, 1.70, 1.62, 1.90])
+    tight = scaling.fit_curve(n, y, [0.001] * 4, "loglinear")
+    assert tight.scale > 100  # reduced chi-square inflates the covariance
+    lo, hi = tight.band([100000])
+    assert hi[0] - lo[0] > 0.1
+
+
+def test_extrapolation_prices_regeneration(tmp_path):
+    _regen_dir(tmp_path, 10, 2)
+    regen = scaling.regen_throughput(tmp_path)
+    assert regen["tok_s_source"].startswith("row timestamps")
+    (tmp_path / "metrics.json").write_text(json.dumps({"03_regenerate": {"summary": {"tok_s": 500.0}}}))
+    regen = scaling.regen_throughput(tmp_path)
+    assert regen["tok_s"] == 500.0 and regen["mean_completion_tokens"] == pytest.approx(14.0)
+    results = [{"arch": "eagle3", "n": n, "source": "scaling", "sim_accept_len": 1.2 + 0.3 * np.log10(n),
+                "sim_accept_len_se": 0.02, "train_s": n * 0.01} for n in (100, 200, 500, 1000)]
+    fits = scaling.fit_all(results)
+    extra = scaling.extrapolate(fits, results, regen, factor=10, goal=4.0)["eagle3"]
+    assert extra["n_new"] == 10000 and extra["extra_conversations"] == 9000
+    assert extra["regeneration_hours"] == pytest.approx(9000 * 14.0 / 500.0 / 3600)
+    assert extra["training_hours_at_new_size"] == pytest.approx(10000 * 0.01 / 3600)
+    assert extra["loglinear"]["pred_new"] == pytest.approx(1.2 + 0.3 * 4, abs=0.02)
+    assert extra["loglinear"]["reaches_goal"] is False
+    fig = scaling.plot_scaling(results, fits, goal=4.0)
+    fig2 = scaling.plot_extrapolation({"eagle3": extra})
+    assert fig.axes and fig2.axes
+
+
+SMOKE_TRAIN = {"epochs": 1.0, "draft_vocab_size": 256, "max_len": 64, "ttt_steps": 2, "batch_tokens": 256,
+               "max_batch": 4, "lr": 1e-3, "log_every": 1, "save_every": 2, "threads": 1}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a loaded 2-core machine two threads of tiny matmuls run several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
+    _regen_dir(tmp_path, 24, 4)
+    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 8])
+    settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, spec_prompts=1, spec_steps=3,
+                                     spec_max_new_tokens=6)
+    t0 = time.monotonic()
+    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
+    first = time.monotonic() - t0
+    rows = out["results"]
+    assert sorted((r["arch"], r["n"]) for r in rows) == [("eagle1", 4), ("eagle1", 8), ("eagle3", 4), ("eagle3", 8)]
+    for r in rows:
+        assert 1.0 <= r["sim_accept_len"] <= 1 + SMOKE_TRAIN["ttt_steps"]
+        assert r["sim_accept_len_se"] is not None and r["val_conversations"] == 4
+        assert 1.0 <= r["chain_acceptance_length"] <= 1 + 3 and r["chain_prompts"] == 1
+        assert (tmp_path / "scaling" / r["arch"] / f"n{r['n']}" / "draft" / "model.safetensors").is_file()
+    # a rerun finds every result and trains nothing
+    t0 = time.monotonic()
+    again = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
+    assert again["ran_now"] == [] and len(again["results"]) == 4
+    assert time.monotonic() - t0 < first
+    # other settings are other results (not silently reused)
+    other = scaling.StudySettings(train={**SMOKE_TRAIN, "lr": 5e-4}, val_samples=4)
+    keys = {scaling.settings_key("eagle3", 4, {**s.train, "train_file_rows": plan.available}, s.eval_settings())
+            for s in (settings, other)}
+    assert len(keys) == 2
+
+
+def test_time_budget_defers_the_rest(tmp_path, tiny_target):
+    _regen_dir(tmp_path, 24, 4)
+    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 16])
+    settings = scaling.StudySettings(archs=["eagle3"], train=SMOKE_TRAIN, val_samples=2, time_budget_s=0.01)
+    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
+    assert out["ran_now"] == [("eagle3", 4)] and out["deferred"] == [("eagle3", 16)]
+    settings.time_budget_s = 0
+    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
+    assert out["ran_now"] == [("eagle3", 16)] and len(out["results"]) == 2
