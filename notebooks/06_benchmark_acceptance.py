@@ -30,13 +30,14 @@ TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub
 DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 DTYPE = "float32"  # engine dtype; fp32 keeps the lossless check exact (bf16 flips near-ties)
-THREADS = 2  # torch CPU threads (1 on a busy shared CPU: oversubscribed threads slow verify steps badly)
+THREADS = 1  # torch CPU threads; 2 only on a quiet CPU (oversubscribed OpenMP threads made verify steps ~25x slower)
 EVAL_SETS = ["blend", "humaneval"]  # blend: RUN_DIR/data/blend/test.jsonl (notebook 02), humaneval: 164 prompts, or a .jsonl
 SAMPLES = 2  # prompts per evaluation set (the first N)
 MAX_NEW_TOKENS = 12  # new tokens per answer at most
 ARCHS = ["eagle3", "eagle1"]  # drafts from notebook 04 (RUN_DIR/drafts/<arch>)
 MAIN_STEPS = 3  # chain length S for the per-set comparison
 CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
+CHAIN_ARCHS = ["eagle3", "eagle1"]  # drafts swept over CHAIN_STEPS
 TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
 WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
 LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
@@ -115,8 +116,13 @@ specdec_report.table(wrong) if wrong else "skipped"
 
 # %%
 chain = []
-for arch, draft in drafts.items():
+for arch in CHAIN_ARCHS:
+    draft = drafts[arch]
     for s in CHAIN_STEPS:
+        same = [r for r in main if (r["arch"], r["eval_set"], r["num_steps"]) == (arch, first, s)]
+        if same:  # already measured in section 2
+            chain.append(same[0])
+            continue
         cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
         res = specdec.compare(target, draft, sets[first], cfg, eval_set=first, greedy_results=greedy[first], warmup=0)
         chain.append({**specdec.public(res), "arch": arch})
@@ -157,7 +163,7 @@ nb.save_figure(run, fig, "throughput")
 
 # %%
 fits, checks = {}, {}
-for arch in drafts:
+for arch in CHAIN_ARCHS:
     arch_rows = [r for r in chain if r["arch"] == arch]
     if len({r["num_steps"] for r in arch_rows}) >= 2:
         fits[arch] = breakeven.fit_from_runs(arch_rows)

@@ -41,13 +41,13 @@ MAX_BATCH = 8  # conversations per micro-batch at most
 LR = 0.001  # AdamW peak learning rate (warmup, cosine decay)
 CHECKPOINT_EVERY = 100  # training steps between checkpoints (a killed run resumes from the last)
 VAL_SAMPLES = 4  # held-out conversations for the simulated acceptance length
-SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 = skip
+SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 skips it
 SPEC_STEPS = 6  # chain length S for that decoding
 SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
 INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
-TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds (0 = no limit)
+TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds; 0 for no limit
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
-GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8: EAGLE-3 chain at S = 6)
+GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
 
 # %%
 import pandas as pd

@@ -120,3 +120,14 @@ def test_non_commercial_license_is_penalised_only_for_commercial_use():
 def test_plot_scores(catalog):
     fig = C.plot_scores(C.score(catalog))
     assert len(fig.axes[0].patches) >= len(catalog)
+
+
+def test_discover_cli_offline(capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    C.add_discover_parser(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["discover", "--offline", "--domain", "agentic"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "catalog snapshot" in out.splitlines()[0] and "nebius/SWE-agent-trajectories" in out

@@ -42,6 +42,15 @@ def test_subsets_are_nested_seeded_and_capped(tmp_path):
     assert other.train_file.read_text() != plan.train_file.read_text()
 
 
+def test_prepare_takes_notebook_04s_holdout_when_there_is_no_val_jsonl(tmp_path):
+    _regen_dir(tmp_path, 20, None)
+    from draftlab.chat_data import split_holdout
+
+    _, val04 = split_holdout(tmp_path / "data" / "regen" / "train.jsonl", 5, tmp_path / "train" / "holdout", 7)
+    plan = scaling.prepare(tmp_path, tmp_path / "s", [10], seed=0, val_samples=3)
+    assert plan.val_file == val04 and plan.available == 15 and "04" in plan.notes[0]
+
+
 def test_prepare_names_the_missing_stage(tmp_path):
     with pytest.raises(scaling.ScalingError, match="03_regenerate"):
         scaling.prepare(tmp_path, tmp_path / "s", [10])
@@ -155,3 +164,38 @@ def test_time_budget_defers_the_rest(tmp_path, tiny_target):
     settings.time_budget_s = 0
     out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
     assert out["ran_now"] == [("eagle3", 16)] and len(out["results"]) == 2
+
+
+def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_target):
+    """The cached target states give the same per-step stats as train's online path (Features +
+    soft_targets), for both architectures."""
+    import torch
+    import torch.nn.functional as F
+
+    from draftlab.chat_data import load_tokenized
+    from draftlab.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.train import Features, TTTObjective, collate, soft_targets
+
+    _regen_dir(tmp_path, 4, 3)
+    ds, _ = load_tokenized(tmp_path / "data" / "regen" / "val.jsonl", tiny_target.tokenizer, 64)
+    layers = tiny_target.capture_layers
+    held = scaling.HeldOut(tiny_target, ds, layers, progress=False)
+    torch.manual_seed(0)
+    for use_aux in (True, False):
+        cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=512, use_aux=use_aux)
+        draft = Eagle3Draft(cfg, tiny_target.model.get_input_embeddings())
+        draft.set_vocab(torch.arange(0, 1024, 2))
+        ours = scaling.simulated_acceptance(tiny_target, draft, held, 3, bootstrap=2, progress=False)
+        objective, feats = TTTObjective(draft, 3, 0.8), Features(tiny_target, layers, use_aux)
+        total = torch.zeros(3, 4)
+        for k in range(len(ds)):
+            ids, valid, loss = collate(ds, [k], tiny_target.tokenizer.pad_token_id)
+            f, last = feats([k], ids, valid, "cpu")
+            target_d, top, in_vocab = soft_targets(tiny_target, last, draft.draft_ids(), draft.t2d)
+            pred = F.pad((loss & valid)[:, 1:], (0, 1))
+            total += objective(f, ids, valid, pred, in_vocab, target_d, top)[1]
+        from draftlab.train import summarize
+
+        theirs = summarize(total, 0.8)
+        assert ours["sim_accept_len"] == pytest.approx(theirs["sim_accept_len"], abs=1e-6)
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)

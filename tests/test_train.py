@@ -110,3 +110,44 @@ def test_offline_equals_online_and_eagle1(fixture_files, tmp_path):
     assert e1["finished"] and not e1["draft"].use_aux and not hasattr(e1["draft"], "fc")
     rows = list(csv.DictReader(open(tmp_path / "off" / "eagle1" / "train.csv")))
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_online_and_offline(fixture_files, tmp_path):
+    """The GPU path: bf16 autocast, activation-checkpointed head, online and offline states."""
+    for hidden in ("online", "offline"):
+        r = train(small_config(fixture_files, tmp_path / hidden / "eagle3", device="cuda", hidden=hidden, epochs=2))
+        assert r["finished"] and next(r["draft"].parameters()).is_cuda
+        rows = list(csv.DictReader(open(tmp_path / hidden / "eagle3" / "train.csv")))
+        assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+        assert r["eval"]["acc_0"] > 0.1
+
+
+def test_offline_precompute_resumes_after_a_crash(fixture_files, tmp_path, tiny_target, capsys):
+    from safetensors.torch import load_file
+
+    from draftlab.chat_data import load_tokenized
+    from draftlab.hidden import OfflineHidden, precompute_hidden, target_states
+
+    ds, _ = load_tokenized(fixture_files[0], tiny_target.tokenizer, 256)
+    full = precompute_hidden(tiny_target, ds, tmp_path / "a", batch_tokens=256, shard_tokens=300, dtype=torch.float32)
+    assert "GB" in capsys.readouterr().out  # the size estimate is printed before starting
+    index = json.loads((tmp_path / "a" / "index.json").read_text())
+    assert len(index["shards"]) >= 3
+    # simulate a crash after the first shard: keep shard 0 only, in the index and on disk
+    index["shards"] = index["shards"][:1]
+    (tmp_path / "a" / "index.json").write_text(json.dumps(index))
+    kept = load_file(str(tmp_path / "a" / "shard-00000.safetensors"))
+    for p in (tmp_path / "a").glob("shard-*.safetensors"):
+        if p.name != "shard-00000.safetensors":
+            p.unlink()
+    again = precompute_hidden(tiny_target, ds, tmp_path / "a", batch_tokens=256, shard_tokens=300, dtype=torch.float32)
+    assert f"{index['shards'][0]['end']} samples already done" in capsys.readouterr().out
+    assert torch.equal(load_file(str(tmp_path / "a" / "shard-00000.safetensors"))["aux"], kept["aux"])
+    for k in (0, len(ds) - 1):
+        aux, last = again.get([k], len(ds[k]["input_ids"]))
+        ref_aux, ref_last, _ = target_states(tiny_target, torch.tensor([ds[k]["input_ids"]]))
+        assert torch.allclose(aux, ref_aux, atol=1e-5) and torch.allclose(last, ref_last, atol=1e-5)
+    with pytest.raises(ValueError, match="other data"):
+        OfflineHidden(tmp_path / "a", ds.select(range(3)))
+    assert isinstance(full, OfflineHidden)

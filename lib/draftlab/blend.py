@@ -443,7 +443,7 @@ def split_of(conv_id: str, fractions: dict[str, float], salt: str = "draftlab") 
         acc += fractions.get(name, 0.0)
         if u < acc:
             return name
-    return SPLITS[-1] if fractions.get(SPLITS[-1]) else max(fractions, key=fractions.get)
+    return next(name for name in reversed(SPLITS) if fractions.get(name))  # float rounding at the top edge
 
 
 # --------------------------------------------------------------------------------- pipeline
@@ -453,7 +453,6 @@ def split_of(conv_id: str, fractions: dict[str, float], salt: str = "draftlab") 
 class BlendResult:
     splits: dict[str, list[dict]]
     report: dict
-    rejects: list[dict] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
 
 

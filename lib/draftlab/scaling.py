@@ -60,8 +60,9 @@ class StudyPlan:
 def prepare(run_dir, out_dir, sizes: list[int], seed: int = 0, val_samples: int = 256) -> StudyPlan:
     """Shuffle RUN_DIR/data/regen/train.jsonl once (seeded) into out_dir; cap sizes at the data.
 
-    The held-out split is RUN_DIR/data/regen/val.jsonl when 03 wrote one; otherwise the last
-    `val_samples` rows of the shuffle are held out and never trained on.
+    The held-out split is RUN_DIR/data/regen/val.jsonl when 03 wrote one; otherwise notebook 04's
+    hold-out (RUN_DIR/train/holdout/) when it exists, else `val_samples` seeded rows held out here
+    with the same function (`chat_data.split_holdout`). Held-out rows are never trained on.
     """
     regen = Path(run_dir) / "data" / "regen"
     source = regen / "train.jsonl"
@@ -71,27 +72,27 @@ def prepare(run_dir, out_dir, sizes: list[int], seed: int = 0, val_samples: int 
         raise ScalingError(f"SIZES = {sizes}: give one or more positive subset sizes")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = list(read_jsonl(source))
+    notes = []
+    val_file, train_source = regen / "val.jsonl", source
+    if not val_file.is_file():
+        from draftlab.chat_data import split_holdout
+
+        mine = Path(run_dir) / "train" / "holdout"  # notebook 04's split: its drafts never saw these rows
+        if (mine / "val.jsonl").is_file() and (mine / "train.jsonl").is_file():
+            train_source, val_file = mine / "train.jsonl", mine / "val.jsonl"
+            notes.append(f"no {regen / 'val.jsonl'}: using notebook 04's hold-out split {mine}")
+        else:
+            train_source, val_file = split_holdout(source, val_samples, out / "holdout", seed)
+            notes.append(f"no {regen / 'val.jsonl'}: held out {val_samples} rows (seeded) into {out / 'holdout'}")
+    rows = list(read_jsonl(train_source))
     if not rows:
-        raise ScalingError(f"{source}: no conversations")
+        raise ScalingError(f"{train_source}: no conversations")
     for k, row in enumerate(rows, 1):
         if not isinstance(row.get("messages"), list) or "id" not in row:
-            raise RecordError(f"{source}: row {k}: field 'messages' (list) and 'id' are required")
+            raise RecordError(f"{train_source}: row {k}: fields 'id' and 'messages' (a list) are required")
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
-    notes = []
-    val_file = regen / "val.jsonl"
-    if val_file.is_file():
-        train_rows = [rows[i] for i in order]
-    else:
-        if len(rows) < 2 * val_samples:
-            raise ScalingError(f"{source}: {len(rows)} rows are too few to hold out {val_samples} for evaluation "
-                               f"(no {val_file}); lower VAL_SAMPLES or regenerate more")
-        train_rows = [rows[i] for i in order[:-val_samples]]
-        held = [rows[i] for i in order[-val_samples:]]
-        val_file = out / "val_heldout.jsonl"
-        _write_if_changed(val_file, held)
-        notes.append(f"no {regen / 'val.jsonl'}: held out the last {val_samples} rows of the shuffle")
+    train_rows = [rows[i] for i in order]
     shuffled = out / "train_shuffled.jsonl"
     _write_if_changed(shuffled, train_rows)
     used = sorted({min(int(n), len(train_rows)) for n in sizes})
@@ -151,38 +152,78 @@ def load_val(val_file, tokenizer, max_len: int, overlong: str, cache_dir, limit:
     return ds, stats
 
 
-def simulated_acceptance(target, draft, val_ds, ttt_steps: int, decay: float = 0.8, bootstrap: int = 1000,
+class HeldOut:
+    """The held-out conversations with the target's side computed once for the whole study.
+
+    Per conversation: ids/valid/loss_mask [1,L], aux [1,L,3H] and last [1,L,H] (pre-norm), and the
+    target's arg-max over the full vocabulary [1,L]. Every draft is then measured with its own
+    layer only, instead of one target forward per draft and conversation.
+    """
+
+    def __init__(self, target, val_ds, layers, progress: bool = True):
+        import torch
+        from tqdm.auto import tqdm
+
+        from draftlab.hidden import logits_from_last, target_states
+        from draftlab.train import collate
+
+        self.layers = list(layers)
+        self.items = []
+        device = next(target.model.parameters()).device
+        pad_id = target.tokenizer.pad_token_id or 0
+        amp = _amp(device)
+        with torch.no_grad():
+            for k in tqdm(range(len(val_ds)), desc="held-out target states", unit="conv", disable=not progress,
+                          leave=False):
+                ids, valid, loss_mask = collate(val_ds, [k], pad_id)
+                aux, last, _ = target_states(target, ids, valid.long(), self.layers)
+                with amp:
+                    top = logits_from_last(target, last[0]).argmax(-1)[None]  # [1,L]
+                self.items.append((ids.to(device), valid.to(device), loss_mask.to(device), aux, last, top))
+
+    def __len__(self):
+        return len(self.items)
+
+
+def _amp(device):
+    import torch
+
+    device = torch.device(device)
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: float = 0.8, bootstrap: int = 1000,
                          seed: int = 0, progress: bool = True) -> dict:
     """Per-step accuracy and simulated acceptance length (1 + a0 + a0*a1 + ...) on held-out rows.
 
-    Uses the training objective's own bookkeeping (`draftlab.train.TTTObjective`), one
-    conversation at a time so that a bootstrap over conversations gives the standard error.
+    Uses the training objective's own bookkeeping (`draftlab.train.TTTObjective`, soft targets over
+    the draft vocabulary as in `train.soft_targets`), one conversation at a time so that a
+    bootstrap over conversations gives the standard error.
     """
     import torch
     import torch.nn.functional as F
     from tqdm.auto import tqdm
 
-    from draftlab.hidden import draft_layers
-    from draftlab.train import Features, TTTObjective, collate, soft_targets, summarize
+    from draftlab.hidden import draft_layers, logits_from_last
+    from draftlab.train import TTTObjective, summarize
 
+    if draft.use_aux and draft_layers(target, draft) != held.layers:
+        raise ScalingError(f"draft captures layers {draft_layers(target, draft)}, held-out states hold {held.layers}")
     device = next(draft.parameters()).device
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    feats = Features(target, draft_layers(target, draft), draft.use_aux, None)
+    amp = _amp(device)
     objective = TTTObjective(draft, ttt_steps, decay)
-    pad_id = target.tokenizer.pad_token_id or 0
     dids, t2d = draft.draft_ids(), draft.t2d
     per = []  # [n, steps, 4]
     was_training = draft.training
     draft.eval()
     with torch.no_grad():
-        for k in tqdm(range(len(val_ds)), desc="held-out eval", unit="conv", disable=not progress, leave=False):
-            ids, valid, loss_mask = collate(val_ds, [k], pad_id)
-            f, last = feats([k], ids, valid, device)
-            ids, valid, loss_mask = ids.to(device), valid.to(device), loss_mask.to(device)
+        for ids, valid, loss_mask, aux, last, top in tqdm(held.items, desc="held-out eval", unit="conv",
+                                                          disable=not progress, leave=False):
             with amp:
-                target_d, top, in_vocab = soft_targets(target, last.to(target.model.dtype), dids, t2d)
-                pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [1,L]
-                per.append(objective(f, ids, valid, pred_mask, in_vocab, target_d, top)[1].float().cpu())
+                target_d = logits_from_last(target, last, vocab_ids=dids)  # [1,L,Vd]
+                pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [1,L]: token p+1 is an assistant token
+                feats = aux if draft.use_aux else last
+                per.append(objective(feats, ids, valid, pred_mask, t2d[top], target_d, top)[1].float().cpu())
     draft.train(was_training)
     stats = torch.stack(per)  # [n, steps, 4]
     out = summarize(stats.sum(0), decay)
@@ -316,6 +357,7 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
     ev = settings.eval_settings()
     val_ds, val_stats = load_val(plan.val_file, target.tokenizer, settings.train.get("max_len", 2048),
                                  settings.train.get("overlong", "truncate"), out / "tokens", settings.val_samples)
+    held = HeldOut(target, val_ds, settings.train.get("capture_layers") or target.capture_layers, progress)
     prompts = heldout_prompts(target, plan.val_file, settings.spec_prompts) if settings.spec_prompts else None
     have = done_keys(results_path)
     deferred, ran = [], []
@@ -330,7 +372,7 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
 
         t0 = time.monotonic()
         draft = load_draft(draft_dir, target)
-        sim = simulated_acceptance(target, draft, val_ds, settings.train.get("ttt_steps", 7),
+        sim = simulated_acceptance(target, draft, held, settings.train.get("ttt_steps", 7),
                                    settings.train.get("step_decay", 0.8), seed=settings.seed, progress=progress)
         row = {"arch": arch, "n": n, "source": source, "sim_accept_len": sim["sim_accept_len"],
                "sim_accept_len_se": sim["sim_accept_len_se"],

@@ -61,14 +61,29 @@ def _transformers_exe() -> list[str]:
     )
 
 
+# On CPU, continuous batching sizes its KV cache to 60% of the machine's RAM and the pages fill
+# up as requests come and go (measured: the tiny target's server reached 14 GB and was killed by
+# the OOM killer on this 24 GiB machine). 5% (~1.2 GB here) holds ~26K tokens of the embedded
+# target's KV, plenty for tens of concurrent requests.
+CPU_KV_MEMORY_PERCENT = 0.05
+
+
 def transformers_serve_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1",
                                port: int = 8000, device: str = "cpu",
                                continuous_batching: bool = True, dtype: str = "auto",
+                               kv_memory_percent: float | None = None,
                                log_level: str = "info", extra_args: tuple[str, ...] = ()) -> list[str]:
-    """argv of `transformers serve` preloading `model_path` (requests must name that path)."""
+    """argv of `transformers serve` preloading `model_path` (requests must name that path).
+
+    kv_memory_percent: fraction of memory for the continuous-batching KV cache (default: 0.05
+    on CPU, transformers' own choice elsewhere)."""
     cmd = [*_transformers_exe(), "serve", str(model_path), "--host", host, "--port", str(port),
            "--device", device, "--dtype", dtype, "--log-level", log_level]
     cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
+    if kv_memory_percent is None and device == "cpu":
+        kv_memory_percent = CPU_KV_MEMORY_PERCENT
+    if continuous_batching and kv_memory_percent:
+        cmd += ["--cb-max-memory-percent", str(kv_memory_percent)]
     return cmd + list(extra_args)
 
 
@@ -82,7 +97,8 @@ class LocalServer:
     def __init__(self, model_path: str | os.PathLike, log_path: str | os.PathLike, *,
                  host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
                  continuous_batching: bool = True, dtype: str = "auto",
-                 startup_timeout: float = 180.0, extra_args: tuple[str, ...] = (),
+                 kv_memory_percent: float | None = None, startup_timeout: float = 180.0,
+                 extra_args: tuple[str, ...] = (),
                  env: dict[str, str] | None = None):
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
@@ -93,6 +109,7 @@ class LocalServer:
         self.device = device
         self.continuous_batching = continuous_batching
         self.dtype = dtype
+        self.kv_memory_percent = kv_memory_percent
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.env = env
@@ -114,7 +131,7 @@ class LocalServer:
         return transformers_serve_command(
             self.model_path, host=self.host, port=self.port, device=self.device,
             continuous_batching=self.continuous_batching, dtype=self.dtype,
-            extra_args=self.extra_args)
+            kv_memory_percent=self.kv_memory_percent, extra_args=self.extra_args)
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -165,6 +182,16 @@ class LocalServer:
                     f"no healthy answer from {url} within {self.startup_timeout:.0f} s "
                     f"(log {self.log_path}):\n{self.log_tail()}")
             time.sleep(0.25)
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server process (Linux), for checks and reports."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except (OSError, AttributeError):
+            return None
+        return None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -764,7 +764,7 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default: the lossless check is exact) or bfloat16")
     p.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"), help="auto: on with CUDA")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (2 only on a quiet CPU)")
     p.add_argument("--mode", default="EAGLE3", choices=MODES)
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
     p.add_argument("--topk", type=int, default=1)

@@ -455,10 +455,13 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         hdtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(
             cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
         hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else out_dir.parent / "hidden"
+        shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
         if is_main:
-            precompute_hidden(target, train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype)
+            precompute_hidden(target, train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype,
+                              batch_tokens=cfg.batch_tokens, shard_tokens=shard)
             if val_ds is not None:
-                precompute_hidden(target, val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype)
+                precompute_hidden(target, val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype,
+                                  batch_tokens=cfg.batch_tokens, shard_tokens=shard)
         if world > 1:
             torch.distributed.barrier()
         offline = OfflineHidden(hdir / "train", train_ds)
@@ -634,6 +637,7 @@ def _restore(ck: Path, draft, opt, sched, device) -> int:
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
     ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
+    choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"]}
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -642,7 +646,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         elif isinstance(default, list):
             ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER")
         else:
-            ap.add_argument(flag, type=type(default), default=default)
+            ap.add_argument(flag, type=type(default), default=default, choices=choices.get(f.name))
     ap.add_argument("--resume", action="store_true", help="continue from OUT_DIR's latest checkpoint, exactly")
     ap.add_argument("--export", default="", help="after training, export the draft here (rank 0) and validate it")
     ap.set_defaults(func=_train_main)

