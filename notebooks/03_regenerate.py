@@ -39,7 +39,7 @@ TEMPERATURE = 0.0  # 0: greedy
 TOP_P = 1.0  # nucleus sampling
 STOP = []  # stop strings
 SYSTEM_POLICY = "keep"  # keep: as in the data | drop: remove system prompts | set: use SYSTEM_PROMPT
-SYSTEM_PROMPT = ""  # the system prompt for SYSTEM_POLICY = "set"
+SYSTEM_PROMPT = ""  # the system prompt used when SYSTEM_POLICY is set
 TRUNCATION = "keep_flag"  # answers cut at MAX_TOKENS: drop the row | keep_flag: keep, flagged in meta
 MAX_ASSISTANT_TURNS = 0  # regenerate at most N assistant turns per conversation (0: all)
 CONCURRENCY = 8  # in-flight requests per server

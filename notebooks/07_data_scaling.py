@@ -39,12 +39,15 @@ TTT_STEPS = 3  # training-time-test unroll; the simulated acceptance length is a
 BATCH_TOKENS = 512  # padded tokens per micro-batch
 MAX_BATCH = 8  # conversations per micro-batch at most
 LR = 0.001  # AdamW peak learning rate (warmup, cosine decay)
+INTERMEDIATE_SIZE = 0  # draft MLP width; 0 for the target's
+HIDDEN = "online"  # online: target forward in every step | offline: each subset's states stored once for both archs
 CHECKPOINT_EVERY = 100  # training steps between checkpoints (a killed run resumes from the last)
 VAL_SAMPLES = 4  # held-out conversations for the simulated acceptance length
 SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 skips it
 SPEC_STEPS = 6  # chain length S for that decoding
 SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
 INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
+THREADS = 2  # torch CPU threads (1 is faster on a busy shared CPU)
 TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds; 0 for no limit
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
 GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
@@ -70,7 +73,7 @@ settings, recipe_notes = scaling.study_settings(
     run.dir, from_04=RECIPE_FROM_04, archs=ARCHS, epochs=EPOCHS, draft_vocab_size=DRAFT_VOCAB_SIZE, max_len=MAX_LEN,
     ttt_steps=TTT_STEPS, batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, lr=LR, checkpoint_every=CHECKPOINT_EVERY,
     val_samples=VAL_SAMPLES, spec_prompts=SPEC_PROMPTS, spec_steps=SPEC_STEPS, spec_max_new_tokens=SPEC_MAX_NEW_TOKENS,
-    time_budget_s=TIME_BUDGET_S, seed=SEED)
+    time_budget_s=TIME_BUDGET_S, seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN)
 print(f"training rows available: {plan.available:,}; subsets: {plan.sizes}; held-out: {plan.val_file}")
 print(f"recipe: {settings.train}")
 for note in plan.notes + recipe_notes:

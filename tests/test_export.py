@@ -156,3 +156,10 @@ def test_load_draft_round_trip_tiny(tmp_path, tiny_target):
         b = back(ids, h, pos)[0]
     assert torch.allclose(a, b)
     assert torch.equal(back.to_target_ids(torch.tensor([0, 1, 255])), torch.tensor([0, 2, 510]))
+
+
+def test_cli_validate_only(embedded_export, capsys):
+    from draftlab.cli import main
+
+    assert main(["export", "-", str(embedded_export[0]), "--validate-only"]) == 0
+    assert "conforms" in capsys.readouterr().out

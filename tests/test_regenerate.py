@@ -194,3 +194,75 @@ def test_embedded_server_end_to_end(tmp_path):
             assert abs(n_tok - n) <= 2, (text, n, n_tok)
             if reason == "length":
                 assert n == 24
+
+
+# ------------------------------------------------------------------ the batch backend (CPU, tiny target)
+
+def test_batch_backend_same_records_and_resume(tmp_path):
+    from draftlab.regen_batch import regenerate_batch
+    from draftlab.target import load_target
+
+    target = load_target("tiny", device="cpu")
+    rows = make_conversations(7, multi_turn_every=3)
+    work = tmp_path / "work"
+    cfg = RegenConfig(model="tiny", max_tokens=5, truncation="keep_flag", system_policy="drop")
+    first = regenerate_batch(rows[:4], work, cfg, target=target, batch_size=3, progress=False)
+    assert first["rows_done"] == 4
+    summary = regenerate_batch(rows, work, cfg, target=target, batch_size=3, progress=False)
+    assert summary["rows_skipped_resume"] == 4 and summary["rows_done"] == 3
+    out = {r["id"]: r for r in all_shard_rows(work)}
+    assert set(out) == {r["id"] for r in rows}
+    for src in rows:
+        regen = out[src["id"]]["meta"]["regen"]
+        msgs = out[src["id"]]["messages"]
+        assert regen["backend"] == "batch" and regen["servers"][0].startswith("transformers.generate:cpu")
+        assert msgs[0]["role"] == "user"  # system prompts dropped
+        assert all(0 <= c <= 5 for c in regen["completion_tokens"])
+        assert all(f in ("stop", "length") for f in regen["finish_reasons"])
+        assert regen["truncated"] == ("length" in regen["finish_reasons"])
+        n_turns = len(regen["completion_tokens"])
+        assert n_turns == max(1, sum(m["role"] == "assistant" for m in src["messages"]))
+        if n_turns == 2:
+            assert regen["prompt_tokens"][1] > regen["prompt_tokens"][0] + regen["completion_tokens"][0]
+        # the recorded answer is what the target's tokenizer gives back for those tokens
+        for m, n in zip([m for m in msgs if m["role"] == "assistant"], regen["completion_tokens"]):
+            assert n == 0 or m["content"]
+    manifest = json.loads((work / "manifest.json").read_text())
+    assert [r["backend"] for r in manifest["runs"]] == ["batch", "batch"]
+
+
+def test_batch_greedy_matches_one_by_one_generation(tmp_path):
+    """Static batching with left padding gives the same greedy answers as unbatched generate."""
+    import torch
+
+    from draftlab.regen_batch import generate_turns
+    from draftlab.target import load_target
+
+    target = load_target("tiny", device="cpu")
+    prompts = [r["messages"][:-1] if r["messages"][-1]["role"] == "assistant" else r["messages"]
+               for r in make_conversations(4, multi_turn_every=0, system_every=2)]
+    cfg = RegenConfig(max_tokens=6)
+    batched = generate_turns(target, prompts, cfg, batch_size=4)
+    for p, got in zip(prompts, batched):
+        ids = target.tokenizer(target.render(p, add_generation_prompt=True), return_tensors="pt",
+                               add_special_tokens=False).input_ids
+        with torch.inference_mode():
+            out = target.model.generate(ids, max_new_tokens=6, do_sample=False,
+                                        pad_token_id=target.tokenizer.pad_token_id)
+        new = out[0, ids.shape[1]:].tolist()
+        eos = set(target.eos_token_ids)
+        n = next((j for j, t in enumerate(new) if t in eos), len(new))
+        assert got["completion_tokens"] == n
+        assert got["text"] == target.tokenizer.decode(new[:n], skip_special_tokens=True)
+
+
+def test_resume_refuses_other_sampling(tmp_path):
+    from draftlab.regenerate import write_manifest
+
+    work = tmp_path / "work"
+    (work / "shards").mkdir(parents=True)
+    write_manifest(work, "in.jsonl", 3, RegenConfig(max_tokens=16), "server", [])
+    write_jsonl(work / "shards" / "part-00000.jsonl", make_conversations(1))
+    with pytest.raises(ValueError, match="max_tokens: 16 -> 32"):
+        write_manifest(work, "in.jsonl", 3, RegenConfig(max_tokens=32), "server", [])
+    write_manifest(work, "in.jsonl", 5, RegenConfig(max_tokens=16, concurrency=3), "batch", [])

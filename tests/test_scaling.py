@@ -199,3 +199,13 @@ def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_tar
         theirs = summarize(total, 0.8)
         assert ours["sim_accept_len"] == pytest.approx(theirs["sim_accept_len"], abs=1e-6)
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+
+
+def test_offline_states_are_computed_once_per_subset_for_both_archs(tmp_path, tiny_target):
+    _regen_dir(tmp_path, 12, 2)
+    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [6])
+    settings = scaling.StudySettings(train=SMOKE_TRAIN, hidden="offline", val_samples=2)
+    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
+    assert sorted(a for a, _ in out["ran_now"]) == ["eagle1", "eagle3"]
+    index = json.loads((tmp_path / "scaling" / "hidden" / "n6" / "train" / "index.json").read_text())
+    assert index["num_samples"] == 6 and index["store_aux"]

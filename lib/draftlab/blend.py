@@ -785,8 +785,10 @@ def plot_report(report: dict):
     axes[1].set_title("length histogram")
     axes[1].legend()
     rules = {"rejected": report["rejected"], **report["dropped"]}
-    axes[2].bar(list(rules), list(rules.values()), color="tab:red")
-    axes[2].set_title("rows dropped per rule")
+    colors = ["tab:gray" if r == "not_selected" else "tab:red" for r in rules]
+    bars = axes[2].bar(list(rules), list(rules.values()), color=colors)
+    axes[2].bar_label(bars, fontsize=8)
+    axes[2].set_title("rows dropped per rule (grey: over quota, not a defect)")
     axes[2].tick_params(axis="x", rotation=45)
     for label in axes[2].get_xticklabels():
         label.set_horizontalalignment("right")

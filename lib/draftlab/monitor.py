@@ -216,7 +216,8 @@ if __name__ == "__main__":
 # ------------------------------------------------------------------ notebook 03 report figures
 
 def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
-    """Token counts of assistant answers before (the dataset's) and after regeneration."""
+    """Token counts of assistant answers before (the dataset's, by `tokenizer`) and after
+    regeneration (the server's `completion_tokens`)."""
     def count(rows):
         texts = [m["content"] for r in rows for m in r["messages"]
                  if m["role"] == "assistant" and m["content"]]
@@ -224,8 +225,18 @@ def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
             return []
         return [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
 
+    def served(rows):  # the server's own token counts where recorded
+        out = []
+        for r in rows:
+            regen = (r.get("meta") or {}).get("regen")
+            if regen and all(c is not None for c in regen.get("completion_tokens", [None])):
+                out += regen["completion_tokens"]
+            else:
+                out += count([r])
+        return out
+
     return {"before": count([r for rows in source_rows.values() for r in rows]),
-            "after": count([r for rows in regen_rows.values() for r in rows])}
+            "after": served([r for rows in regen_rows.values() for r in rows])}
 
 
 def finish_counts(work: str | os.PathLike) -> dict:

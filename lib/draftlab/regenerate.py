@@ -701,10 +701,34 @@ async def regenerate_async(rows: list[dict], work: str | os.PathLike, base_urls:
     return summary
 
 
+def run_sync(coro):
+    """asyncio.run, also from inside a running loop (Jupyter): then in a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="draftlab-regenerate", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
                config: RegenConfig, **kwargs) -> dict:
-    """Blocking wrapper of `regenerate_async`."""
-    return asyncio.run(regenerate_async(rows, work, base_urls, config, **kwargs))
+    """Blocking wrapper of `regenerate_async` (works in scripts and notebooks)."""
+    return run_sync(regenerate_async(rows, work, base_urls, config, **kwargs))
 
 
 # ------------------------------------------------------------------ the stage (notebook 03)
@@ -817,9 +841,9 @@ def bench_client(base_url: str, model: str, *, n: int = 64, concurrency: int = 8
     rows = bench_prompts(n, seed)
     results = {"ours": [], "openai_sdk": []}
     base = Path(work) if work else Path(tempfile.mkdtemp(prefix="draftlab-bench-"))
-    asyncio.run(_bench_openai(base_url, rows[: min(8, n)], config))  # warm-up, not counted
+    run_sync(_bench_openai(base_url, rows[: min(8, n)], config))  # warm-up, not counted
     for k in range(rounds):
-        sdk = asyncio.run(_bench_openai(base_url, rows, config))
+        sdk = run_sync(_bench_openai(base_url, rows, config))
         t0 = time.perf_counter()
         s = regenerate(rows, base / f"round{k}", [base_url], config, progress=False)
         wall = time.perf_counter() - t0

@@ -123,8 +123,12 @@ def recipe_from_04(run_dir, arch: str = "eagle3") -> dict | None:
     return {k: cfg[k] for k in RECIPE_KEYS if k in cfg}
 
 
+NOT_IN_KEY = ("threads", "save_every", "log_every")  # how, not what: a rerun with others reuses results
+
+
 def settings_key(arch: str, n: int, settings: dict, eval_settings: dict) -> str:
     """A short hash of everything that decides a result row (a rerun with other settings redoes it)."""
+    settings = {k: v for k, v in settings.items() if k not in NOT_IN_KEY}
     blob = json.dumps([arch, int(n), settings, eval_settings], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -297,6 +301,7 @@ class StudySettings:
 
     archs: list = field(default_factory=lambda: list(ARCHS))
     train: dict = field(default_factory=dict)  # TrainConfig fields of the recipe (RECIPE_KEYS and more)
+    hidden: str = "online"  # offline: each subset's target states computed once, shared by both archs
     val_samples: int = 256
     spec_prompts: int = 0  # 0: no real chain decoding
     spec_steps: int = 6
@@ -311,12 +316,16 @@ class StudySettings:
 
 def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, max_len, ttt_steps, batch_tokens,
                    max_batch, lr, checkpoint_every, val_samples, spec_prompts, spec_steps, spec_max_new_tokens,
-                   time_budget_s, seed) -> tuple[StudySettings, list[str]]:
+                   time_budget_s, seed, threads: int = 2, intermediate_size: int = 0,
+                   hidden: str = "online") -> tuple[StudySettings, list[str]]:
     """The notebook's parameters as StudySettings; with from_04 the recipe is notebook 04's own (its
     checkpoint's TrainConfig), so that 04's drafts are the study's largest points."""
     train = {"epochs": float(epochs), "draft_vocab_size": int(draft_vocab_size), "max_len": int(max_len),
              "ttt_steps": int(ttt_steps), "batch_tokens": int(batch_tokens), "max_batch": int(max_batch),
-             "lr": float(lr), "save_every": int(checkpoint_every)}
+             "lr": float(lr), "save_every": int(checkpoint_every), "threads": int(threads),
+             "intermediate_size": int(intermediate_size)}
+    if hidden not in ("online", "offline"):
+        raise ScalingError(f"HIDDEN = {hidden!r}: expected online or offline")
     notes = []
     if from_04:
         theirs = recipe_from_04(run_dir, "eagle3")
@@ -326,7 +335,8 @@ def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, m
             changed = {k: v for k, v in theirs.items() if train.get(k) != v}
             train.update(theirs)
             notes.append(f"recipe taken from 04: {changed}")
-    return StudySettings(archs=list(archs), train=train, val_samples=int(val_samples), spec_prompts=int(spec_prompts),
+    return StudySettings(archs=list(archs), train=train, hidden=hidden, val_samples=int(val_samples),
+                         spec_prompts=int(spec_prompts),
                          spec_steps=int(spec_steps), spec_max_new_tokens=int(spec_max_new_tokens),
                          time_budget_s=float(time_budget_s), seed=int(seed)), notes
 
@@ -354,6 +364,10 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
     out = Path(out_dir)
     results_path = out / "results.jsonl"
     t_start = time.monotonic()
+    if str(device).startswith("cpu"):
+        import torch
+
+        torch.set_num_threads(max(1, int(settings.train.get("threads", 2))))
     ev = settings.eval_settings()
     val_ds, val_stats = load_val(plan.val_file, target.tokenizer, settings.train.get("max_len", 2048),
                                  settings.train.get("overlong", "truncate"), out / "tokens", settings.val_samples)
@@ -393,15 +407,16 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
             continue
         elapsed = time.monotonic() - t_start
         guess = sec_per_sample.get(arch, 0.0) * n
-        if settings.time_budget_s and ran and elapsed + guess > settings.time_budget_s:
+        # with no measurement yet (guess 0) a subset runs anyway: a killed one resumes from its checkpoints
+        if settings.time_budget_s and (ran or guess) and elapsed + guess > settings.time_budget_s:
             deferred.append((arch, n))
             continue
         sub = out / arch / f"n{n}"
         t0 = time.monotonic()
         cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
                                      "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
-                                     "device": device, "max_train_samples": n, "hidden": "online",
-                                     "seed": settings.seed})
+                                     "device": device, "max_train_samples": n, "hidden": settings.hidden,
+                                     "hidden_dir": str(out / "hidden" / f"n{n}"), "seed": settings.seed})
         res = train(cfg, resume=True, target=target)
         if not res["finished"]:
             deferred.append((arch, n))

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from draftlab.hidden import draft_layers
+
 MODES = ("EAGLE3", "EAGLE")
 
 
@@ -128,8 +130,9 @@ def _cache_kwarg(model) -> str:
 class TargetRunner:
     """The target over a SlotCache: step(ids, positions, base, anc) -> (argmax [L], features [L,F])."""
 
-    def __init__(self, target, feature: str, max_len: int):
-        """feature: "aux" (three captured layers, [L,3H]) or "final" (last layer pre-norm, [L,H])."""
+    def __init__(self, target, feature: str, max_len: int, layers: list[int] | None = None):
+        """feature: "aux" (three captured layers, [L,3H]; `layers` default to the target's SGLang
+        default) or "final" (the last layer's pre-norm output, [L,H])."""
         self.target = target
         self.model = target.model
         cfg = self.model.config.get_text_config()
@@ -143,7 +146,7 @@ class TargetRunner:
         self.cache = SlotCache(self.n_layers, kv_heads, head_dim, max_len, self.dtype, self.device)
         self.cache_kw = _cache_kwarg(self.model)
         self.feature = feature
-        self.layers = list(target.capture_layers) if feature == "aux" else []
+        self.layers = list(layers or target.capture_layers) if feature == "aux" else []
         self._captured: dict = {}
         base = getattr(self.model, "model", self.model)
         self._hooks = [base.layers[i].register_forward_pre_hook(self._pre_hook(i)) for i in self.layers]
@@ -352,7 +355,8 @@ class SpecEngine:
         self.max_len = max_len
         self.draft_runner = DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len) if draft else None
         feature = self.draft_runner.feature if self.draft_runner else "aux"
-        self.runner = TargetRunner(target, feature, max_len)
+        layers = draft_layers(target, draft) if draft is not None else None  # what the draft was trained on
+        self.runner = TargetRunner(target, feature, max_len, layers)
         self._trils: dict[int, torch.Tensor] = {}
 
     def close(self):

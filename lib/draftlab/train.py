@@ -709,7 +709,9 @@ def plot_step_accuracy(evals: dict):
     width = 0.8 / max(1, len(evals))
     for k, (arch, ev) in enumerate(evals.items()):
         steps = sorted(int(c.split("_")[1]) for c in ev if c.startswith("acc_"))
-        ax.bar([s + k * width for s in steps], [ev[f"acc_{s}"] for s in steps], width, label=arch)
+        offset = (k - (len(evals) - 1) / 2) * width
+        ax.bar([s + offset for s in steps], [ev[f"acc_{s}"] for s in steps], width, label=arch)
+        ax.set_xticks(steps)
     ax.set(title="validation accuracy per draft step (teacher-forced tokens, own hidden states)",
            xlabel="draft step i", ylabel="acc_i")
     ax.legend()

@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 
 T0=$(date +%s)
-BUDGET_S=${BUDGET_S:-530}            # this call's own deadline (device limit 600 s; keep room to pack state)
+BUDGET_S=${BUDGET_S:-500}            # this call's own deadline: stages stop here; packing follows (< 9 min in all)
 DEADLINE=$((T0 + BUDGET_S))
 DL=${DL:-/tmp/dl}                    # persistent work folder on the device
 SITE=${SITE:-/tmp/site}              # carried wheels installed here
@@ -176,4 +176,16 @@ save_state() {  # what a cold machine needs to resume: run data and results, no 
 report() {
   say "stages done: $(for nb in "${STAGES[@]}"; do stage_done "$nb" && printf '%s ' "$nb"; done)"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+}
+
+pack_reference() {  # results/reference for the commit: no weights, no data; $OUT/reference.tar.gz
+  python3 scripts/gpu/summary.py "$RUN" || return 1
+  local stage=$DL/pack/$RUN_ID
+  rm -rf "$DL/pack" && mkdir -p "$stage"
+  cp "$RUN"/params.yaml "$RUN"/metrics.json "$RUN"/summary.json "$RUN"/README.md "$stage"/ || return 1
+  cp -r "$RUN"/figures "$RUN"/executed "$stage"/ || return 1
+  tar -czf "$OUT/reference.tar.gz" -C "$DL/pack" "$RUN_ID" || return 1
+  cp "$RUN/summary.json" "$OUT/summary.json"
+  say "packed: $(du -h "$OUT/reference.tar.gz" | cut -f1) ($(tar -tzf "$OUT/reference.tar.gz" | wc -l) entries)"
+  tar -tzvf "$OUT/reference.tar.gz" | awk '{print $3, $6}'
 }

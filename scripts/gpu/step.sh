@@ -4,15 +4,16 @@
 # wheels, the GGUF and the converted target are there, then run the full-profile notebooks not
 # done yet (00 01 02 03 04 06 05 07) until this call's deadline (BUDGET_S, default 530 s); a stage
 # cut by the deadline resumes in the next call (03 by row id, 04 and 07 from checkpoints and
-# finished subsets). Exit 0: every stage done (run pack.sh); 3: call step.sh again; 1: failed.
+# finished subsets). When every stage is done it packs results/reference as pack.sh does.
+# Exit 0: done, $OUT/reference.tar.gz written; 3: call step.sh again; 1: failed.
 source "$(dirname "$0")/common.sh"
 ensure_all || { say "FAILED: set-up (see above)"; save_state; exit 1; }
 run_pending
 rc=$?
-save_state
 report
+[ $rc -eq 0 ] && { pack_reference && say "ALL STAGES DONE: $OUT/reference.tar.gz -> here: tar -xzf <files_at>/reference.tar.gz -C results/"; exit $?; }
+save_state
 case $rc in
-  0) say "ALL STAGES DONE. NEXT: scripts/gpu/pack.sh (carry [.whl])"; exit 0 ;;
   2) say "NOT DONE YET. NEXT: scripts/gpu/step.sh again (carry [.whl])"; exit 3 ;;
   *) say "FAILED (see the log above)"; exit 1 ;;
 esac

@@ -1,0 +1,90 @@
+"""draftlab monitor: exact figures from a work folder written by hand, the CLI and the plot."""
+
+import json
+import time
+
+import pytest
+
+from draftlab import monitor
+from helpers_regen import make_conversations, write_jsonl
+
+
+def _row(conv, t_done, tokens, truncated=False):
+    regen = {"t_done": t_done, "completion_tokens": tokens, "truncated": truncated,
+             "finish_reasons": ["length" if truncated else "stop"] * len(tokens)}
+    return {**conv, "meta": {"regen": regen}}
+
+
+@pytest.fixture
+def work(tmp_path):
+    """20 rows in total; 12 done over 10 minutes (6 in the last 5), 2 dropped, 3 open errors."""
+    now = 10_000.0
+    rows = make_conversations(20)
+    w = tmp_path / "work"
+    (w / "shards").mkdir(parents=True)
+    (w / "manifest.json").write_text(json.dumps(
+        {"total": 20, "runs": [{"started": now - 600, "backend": "server", "pid": None}]}))
+    old = [_row(rows[i], now - 600 + 50 * i, [10]) for i in range(6)]           # t = now-600..now-350
+    new = [_row(rows[6 + i], now - 240 + 40 * i, [20, 5], truncated=i == 0) for i in range(6)]
+    write_jsonl(w / "shards" / "part-00000.jsonl", old)
+    write_jsonl(w / "shards" / "part-00001.jsonl", new)
+    with open(w / "shards" / "part-00001.jsonl", "ab") as fh:
+        fh.write(b'{"id": "torn')  # a torn last line: ignored, never written back by the monitor
+    write_jsonl(w / "dropped.jsonl", [
+        {"id": rows[12]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 100},
+        {"id": rows[13]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 700}])
+    write_jsonl(w / "errors.jsonl", [
+        {"id": rows[14]["id"], "reason": "turn 0: HTTP 500: boom [server x, attempt 6]"},
+        {"id": rows[15]["id"], "reason": "turn 0: timeout after 5 s (ReadTimeout) [server x, attempt 6]"},
+        {"id": rows[16]["id"], "reason": "turn 1: HTTP 500: boom [server x, attempt 6]"},
+        {"id": rows[0]["id"], "reason": "turn 0: HTTP 500: old failure, done since"}])
+    return w, now
+
+
+def test_summary_figures(work):
+    w, now = work
+    s = monitor.summarize(w, window_s=300, now=now)
+    assert s["total"] == 20 and s["kept"] == 12 and s["dropped_truncated"] == 2
+    assert s["finished"] == 14 and s["left"] == 6 and s["errors_open"] == 3
+    # last 5 minutes: the 6 new rows (25 tokens each) and one dropped row (64 tokens)
+    assert s["rows_s"] == pytest.approx(7 / 300)
+    assert s["tok_s"] == pytest.approx((6 * 25 + 64) / 300)
+    assert s["eta_s"] == pytest.approx(6 / (7 / 300))
+    assert s["error_rate"] == pytest.approx(3 / 17)
+    assert s["truncation_rate"] == pytest.approx(3 / 14)  # 2 dropped + 1 kept flagged
+    assert dict(s["top_errors"])["HTTP 500"] == 2
+    assert (w / "shards" / "part-00001.jsonl").read_bytes().endswith(b'{"id": "torn')
+    text = monitor.format_summary(s)
+    assert "14/20 done" in text and "6 left" in text and "3 open" in text
+
+
+def test_window_starts_at_the_current_run(work):
+    w, now = work
+    manifest = json.loads((w / "manifest.json").read_text())
+    manifest["runs"].append({"started": now - 60, "backend": "server", "pid": None})
+    (w / "manifest.json").write_text(json.dumps(manifest))
+    s = monitor.summarize(w, window_s=300, now=now)
+    # only rows finished since the current run began count: one, at now - 40
+    assert s["window_s"] == pytest.approx(60)
+    assert s["rows_s"] == pytest.approx(1 / 60)
+
+
+def test_cli_prints_and_plots(work, capsys, tmp_path):
+    w, _ = work
+    assert monitor.main([str(w), "--plot", str(tmp_path / "tp.png")]) == 0
+    out = capsys.readouterr().out
+    assert "rows" in out and "ETA" in out and (tmp_path / "tp.png").stat().st_size > 1000
+    assert monitor.main([str(w), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["finished"] == 14
+
+
+def test_throughput_series_bins_tokens(work):
+    w, now = work
+    t, tok_s, cum = monitor.throughput_series(w, bin_s=100)
+    assert cum[-1] == 14
+    assert sum(x * 100 for x in tok_s) == pytest.approx(6 * 10 + 6 * 25 + 2 * 64)
+
+
+def test_missing_manifest_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        monitor.summarize(tmp_path)
