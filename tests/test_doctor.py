@@ -300,3 +300,10 @@ def test_eagle1_style_draft(tmp_path):
         cmd = sglang_speculative_command(str(info.config_path.parent), str(out), algorithm=algo)
         found = [(f.check, f.severity) for f in diagnose(str(out), "tiny", [cmd])["findings"] if f.severity != "ok"]
         assert ("algorithm", severity) in found and all(c != "fc_width" for c, s in found if s == "error")
+
+
+def test_notebook_draft_missing_names_notebook_04(tmp_path):
+    from draftlab.doctor_cases import draft_for_run
+
+    with pytest.raises(FileNotFoundError, match="run notebook 04_train_draft first"):
+        draft_for_run(tmp_path, "tiny", False, tmp_path / "work")

@@ -50,6 +50,8 @@ def test_summary_figures(work):
     assert s["rows_s"] == pytest.approx(7 / 300)
     assert s["tok_s"] == pytest.approx((6 * 25 + 64) / 300)
     assert s["eta_s"] == pytest.approx(6 / (7 / 300))
+    # the run so far: every row finished since it started (not the one dropped at now - 700)
+    assert s["tok_s_run"] == pytest.approx((6 * 10 + 6 * 25 + 64) / 560)
     assert s["error_rate"] == pytest.approx(3 / 17)
     assert s["truncation_rate"] == pytest.approx(3 / 14)  # 2 dropped + 1 kept flagged
     assert dict(s["top_errors"])["HTTP 500"] == 2

@@ -243,6 +243,7 @@ def test_batch_greedy_matches_one_by_one_generation(tmp_path):
                for r in make_conversations(4, multi_turn_every=0, system_every=2)]
     cfg = RegenConfig(max_tokens=6)
     batched = generate_turns(target, prompts, cfg, batch_size=4)
+    assert generate_turns(target, prompts, cfg, batch_size=4, cache="static") == batched
     for p, got in zip(prompts, batched):
         ids = target.tokenizer(target.render(p, add_generation_prompt=True), return_tensors="pt",
                                add_special_tokens=False).input_ids
@@ -266,3 +267,14 @@ def test_resume_refuses_other_sampling(tmp_path):
     with pytest.raises(ValueError, match="max_tokens: 16 -> 32"):
         write_manifest(work, "in.jsonl", 3, RegenConfig(max_tokens=32), "server", [])
     write_manifest(work, "in.jsonl", 5, RegenConfig(max_tokens=16, concurrency=3), "batch", [])
+
+
+def test_second_writer_is_refused(tmp_path):
+    from draftlab.regenerate import WorkLock
+
+    with WorkLock(tmp_path / "work"):
+        with pytest.raises(RuntimeError, match="another process"):
+            regenerate(make_conversations(1), tmp_path / "work", ["http://127.0.0.1:9"],
+                       RegenConfig(model="m"), progress=False)
+    with WorkLock(tmp_path / "work"):  # released: free again
+        pass

@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,7 +143,7 @@ def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
         assert 1.0 <= r["sim_accept_len"] <= 1 + SMOKE_TRAIN["ttt_steps"]
         assert r["sim_accept_len_se"] is not None and r["val_conversations"] == 4
         assert 1.0 <= r["chain_acceptance_length"] <= 1 + 3 and r["chain_prompts"] == 1
-        assert (tmp_path / "scaling" / r["arch"] / f"n{r['n']}" / "draft" / "model.safetensors").is_file()
+        assert (Path(r["draft_dir"]) / "model.safetensors").is_file() and f"/n{r['n']}-" in r["draft_dir"]
     # a rerun finds every result and trains nothing
     t0 = time.monotonic()
     again = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
@@ -209,3 +210,19 @@ def test_offline_states_are_computed_once_per_subset_for_both_archs(tmp_path, ti
     assert sorted(a for a, _ in out["ran_now"]) == ["eagle1", "eagle3"]
     index = json.loads((tmp_path / "scaling" / "hidden" / "n6" / "train" / "index.json").read_text())
     assert index["num_samples"] == 6 and index["store_aux"]
+
+
+@pytest.mark.gpu
+def test_study_on_cuda_bf16_with_graphs(tmp_path):
+    """The GPU path: bf16 target, autocast training, bf16 exports, chain decoding with CUDA graphs."""
+    from draftlab.target import load_target
+
+    target = load_target("tiny", device="cuda")
+    _regen_dir(tmp_path, 16, 4)
+    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 8])
+    settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, spec_prompts=2, spec_steps=6,
+                                     spec_max_new_tokens=16)
+    out = scaling.run_study(target, "tiny", "cuda", plan, tmp_path / "scaling", settings, progress=False)
+    assert len(out["results"]) == 4
+    for r in out["results"]:
+        assert 1.0 <= r["sim_accept_len"] <= 3.0 and 1.0 <= r["chain_acceptance_length"] <= 7.0

@@ -880,7 +880,7 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
         "kept": kept,
         "kept_tokens_mean": round(tokens / max(kept, 1), 1),
         "tokenizer": counter.name,
-        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftlab.launch import ServerSettings, set_flag
+from draftlab.launch import set_flag
 
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 SEVERITIES = ("error", "warning", "info", "ok")

@@ -87,6 +87,9 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
         "error_rate": len(errors_open) / max(len(finished) + len(errors_open), 1),
         "truncation_rate": (len(ev["dropped"]) + kept_truncated) / max(len(finished), 1),
         "completion_tokens": sum(v[1] for v in finished.values()),
+        # the whole current run: from its start to its last finished row (or now if running)
+        "tok_s_run": (sum(v[1] for v in finished.values() if v[0] >= last_start)
+                      / max((max(times) if times else now) - last_start, 1e-9)),
         "first_done": min(times) if times else None,
         "last_done": max(times) if times else None,
         "runs": len(manifest.get("runs", [])),
@@ -119,6 +122,7 @@ def format_summary(s: dict) -> str:
         f"  [kept {s['kept']}, dropped as truncated {s['dropped_truncated']}]",
         f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last "
         f"{s['window_s'] / 60:.1f} min",
+        f"          {s['tok_s_run']:.1f} tok/s over the current run (start to last row)",
         f"ETA       {_hms(s['eta_s'])}",
         f"errors    {s['errors_open']} open ({100 * s['error_rate']:.2f}%)"
         + (f"  top: {', '.join(f'{k} x{v}' for k, v in s['top_errors'])}" if s["top_errors"] else ""),

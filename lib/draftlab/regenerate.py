@@ -300,6 +300,37 @@ IDENTITY_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "system
                    "system_prompt", "truncation", "max_assistant_turns")
 
 
+class WorkLock:
+    """An exclusive flock on WORK/.lock: two writers in one folder would duplicate rows.
+    The kernel drops it when the process dies (kill -9 included), so no stale locks."""
+
+    def __init__(self, work: Path):
+        import fcntl
+
+        work.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise RuntimeError(f"{work}: another process (pid {other or '?'}) is regenerating "
+                               f"into this folder; wait for it or stop it first") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 def write_manifest(work: Path, input_path: str, total: int, config: RegenConfig, backend: str,
                    servers: list[str]) -> None:
     """manifest.json: the monitor reads `total` and the runs' start times from it.
@@ -656,7 +687,12 @@ async def regenerate_async(rows: list[dict], work: str | os.PathLike, base_urls:
                            desc: str = "regenerate") -> dict:
     """Regenerate the rows not yet finished in `work`; returns the run's summary."""
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
+    with WorkLock(work):
+        return await _regenerate_locked(rows, work, base_urls, config, input_path=input_path,
+                                        progress=progress, desc=desc)
+
+
+async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progress, desc):
     state = scan_work(work)
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
@@ -900,11 +936,13 @@ def add_regenerate_parser(subparsers) -> None:
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, skip ids in errors.jsonl")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--log-dir", default=None, help="where --serve writes serve.log (default: work)")
-    g = p.add_argument_group("batch backend (--backend batch)")
+    g = p.add_argument_group("batch backend (--backend batch) and --serve")
     g.add_argument("--target", default="embedded", help="target spec for the batch backend")
-    g.add_argument("--device", default="auto")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda (batch backend, --serve)")
     g.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--batch-size", type=int, default=1024)
+    g.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="KV cache of generate; static lets transformers compile the step on CUDA")
     _add_sampling_args(p)
     p.set_defaults(func=_regenerate_cli)
 
@@ -928,14 +966,15 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
         config = config_from_args(args, model=args.target)
         summary = regenerate_batch(rows, work, config, target=args.target, device=args.device,
                                    dtype=args.dtype, batch_size=args.batch_size,
-                                   input_path=args.input, progress=not args.no_progress)
+                                   input_path=args.input, progress=not args.no_progress,
+                                   cache=args.cache)
     elif args.serve:
         from draftlab.serve import LocalServer
-        from draftlab.target import resolve_path
+        from draftlab.target import resolve_device, resolve_path
 
         folder = resolve_path(args.serve)
         log = Path(args.log_dir or work) / "serve.log"
-        with LocalServer(folder, log_path=log) as srv:
+        with LocalServer(folder, log_path=log, device=resolve_device(args.device)) as srv:
             print(f"server {srv.base_url} ready in {srv.startup_s:.1f} s (log {log})", flush=True)
             config = config_from_args(args, model=args.model or srv.model)
             config.model_name = args.model_name or Path(folder).name
@@ -966,6 +1005,7 @@ def add_bench_client_parser(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="device of the --serve server")
     p.add_argument("--json", default=None, help="also write the result here")
     p.set_defaults(func=_bench_client_cli)
 
@@ -985,7 +1025,7 @@ def _bench_client_cli(args: argparse.Namespace) -> int:
 
         folder = resolve_path(args.serve or "embedded")
         log = Path(tempfile.mkdtemp(prefix="draftlab-bench-")) / "serve.log"
-        with LocalServer(folder, log_path=log) as srv:
+        with LocalServer(folder, log_path=log, device=args.device) as srv:
             res = bench_client(srv.base_url, srv.model, **kw)
     res["target"] = args.serve or args.model
     text = json.dumps(res, indent=1)

@@ -13,8 +13,8 @@ to `factor` x more data is priced with the regeneration throughput measured in n
 Layout under RUN_DIR/scaling/:
     train_shuffled.jsonl   the training rows in the study's fixed order (subsets are prefixes)
     results.jsonl          one row per finished (arch, n): written as soon as it is done
-    <arch>/n<N>/train/     draftlab.train output (checkpoints: a killed run resumes there)
-    <arch>/n<N>/draft/     the exported draft (SGLang format)
+    <arch>/n<N>-<recipe>/train/   draftlab.train output (checkpoints: a killed run resumes there)
+    <arch>/n<N>-<recipe>/draft/   the exported draft (SGLang format)
 A rerun skips every (arch, n) already in results.jsonl with the same settings.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -411,7 +410,8 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         if settings.time_budget_s and (ran or guess) and elapsed + guess > settings.time_budget_s:
             deferred.append((arch, n))
             continue
-        sub = out / arch / f"n{n}"
+        # one folder per recipe: train.py refuses to resume a checkpoint made with other settings
+        sub = out / arch / f"n{n}-{settings_key(arch, n, {**settings.train, 'train_file_rows': plan.available}, {})}"
         t0 = time.monotonic()
         cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
                                      "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
@@ -582,7 +582,7 @@ def fit_all(results: list[dict], metric: str = "sim_accept_len") -> dict:
 def regen_throughput(run_dir) -> dict:
     """Completion tokens/s of regeneration and mean completion tokens per training conversation.
 
-    The rate comes from 03's metrics (any `tok_s` under "03_regenerate" in metrics.json); without
+    The rate comes from 03's metrics (`splits.train.tok_s`, else any `tok_s` under "03_regenerate"); without
     it, from the rows' own token counts and finish times (meta.regen.t_done span), marked as such.
     """
     run_dir = Path(run_dir)
@@ -592,7 +592,8 @@ def regen_throughput(run_dir) -> dict:
            "mean_completion_tokens": float(np.mean(tokens)) if tokens else None, "tok_s": None, "tok_s_source": None}
     metrics = run_dir / "metrics.json"
     if metrics.is_file():
-        found = _find_key(json.loads(metrics.read_text()).get("03_regenerate", {}), "tok_s")
+        m03 = json.loads(metrics.read_text()).get("03_regenerate", {})
+        found = ((m03.get("splits") or {}).get("train") or {}).get("tok_s") or _find_key(m03, "tok_s")
         if found:
             out["tok_s"], out["tok_s_source"] = float(found), "metrics.json 03_regenerate"
     if out["tok_s"] is None:
@@ -693,8 +694,12 @@ def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: fl
     ax.axvline(max(n_all), color="grey", lw=0.8, ls=":")
     ax.axvline(factor * max(n_all), color="grey", lw=0.8, ls=":")
     ax.text(factor * max(n_all), ax.get_ylim()[0], f" {factor:g}x", color="grey", va="bottom")
-    if goal is not None:
+    top = max([r[metric] for r in results if r.get(metric) is not None] + [ax.get_ylim()[1]])
+    if goal is not None and top >= 0.6 * goal:
         ax.axhline(goal, color="green", lw=0.8, ls="-.", label=f"goal {goal:g}")
+    elif goal is not None:  # far above the data: say so instead of squashing the curves
+        ax.text(0.01, 0.98, f"goal {goal:g} (above this scale)", transform=ax.transAxes, va="top", fontsize=8,
+                color="green")
     ax.set_xscale("log")
     ax.set_xlabel("regenerated training conversations (same epochs per sample)")
     ax.set_ylabel("acceptance length (held-out)")
@@ -746,10 +751,6 @@ def summary_table(results: list[dict]):
 
 def fits_as_dict(fits: dict) -> dict:
     return {arch: {m: asdict(f) for m, f in by.items()} for arch, by in fits.items()}
-
-
-def isfinite_or_none(x):
-    return x if (x is not None and math.isfinite(x)) else None
 
 
 def findings(results: list[dict], extra: dict, deferred: list, metric: str = "sim_accept_len") -> list[str]:

@@ -61,29 +61,31 @@ def _transformers_exe() -> list[str]:
     )
 
 
-# On CPU, continuous batching sizes its KV cache to 60% of the machine's RAM and the pages fill
-# up as requests come and go (measured: the tiny target's server reached 14 GB and was killed by
-# the OOM killer on this 24 GiB machine). 5% (~1.2 GB here) holds ~26K tokens of the embedded
-# target's KV, plenty for tens of concurrent requests.
-CPU_KV_MEMORY_PERCENT = 0.05
+# On CPU, continuous batching sizes its KV cache to 60% of the machine's RAM and those pages are
+# touched at start-up (measured: the tiny target's server at 14.2 GB RSS on this 24 GiB machine,
+# then killed by the OOM killer under load). A fixed capacity keeps the server small on any
+# machine: 16,384 tokens (64 pages of 256) is ~0.75 GB for the embedded target, enough for tens
+# of concurrent requests. (A percentage is fragile: 1% here left no room and every request 500'd.)
+CPU_KV_CACHE_TOKENS = 16384
+KV_PAGE_TOKENS = 256  # transformers' default page (block) size
 
 
 def transformers_serve_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1",
                                port: int = 8000, device: str = "cpu",
                                continuous_batching: bool = True, dtype: str = "auto",
-                               kv_memory_percent: float | None = None,
+                               kv_cache_tokens: int | None = None,
                                log_level: str = "info", extra_args: tuple[str, ...] = ()) -> list[str]:
     """argv of `transformers serve` preloading `model_path` (requests must name that path).
 
-    kv_memory_percent: fraction of memory for the continuous-batching KV cache (default: 0.05
-    on CPU, transformers' own choice elsewhere)."""
+    kv_cache_tokens: capacity of the continuous-batching KV cache (default: 16,384 on CPU,
+    transformers' memory-based sizing elsewhere)."""
     cmd = [*_transformers_exe(), "serve", str(model_path), "--host", host, "--port", str(port),
            "--device", device, "--dtype", dtype, "--log-level", log_level]
     cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
-    if kv_memory_percent is None and device == "cpu":
-        kv_memory_percent = CPU_KV_MEMORY_PERCENT
-    if continuous_batching and kv_memory_percent:
-        cmd += ["--cb-max-memory-percent", str(kv_memory_percent)]
+    if kv_cache_tokens is None and device == "cpu":
+        kv_cache_tokens = CPU_KV_CACHE_TOKENS
+    if continuous_batching and kv_cache_tokens:
+        cmd += ["--cb-num-blocks", str(-(-kv_cache_tokens // KV_PAGE_TOKENS))]
     return cmd + list(extra_args)
 
 
@@ -97,7 +99,7 @@ class LocalServer:
     def __init__(self, model_path: str | os.PathLike, log_path: str | os.PathLike, *,
                  host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
                  continuous_batching: bool = True, dtype: str = "auto",
-                 kv_memory_percent: float | None = None, startup_timeout: float = 180.0,
+                 kv_cache_tokens: int | None = None, startup_timeout: float = 180.0,
                  extra_args: tuple[str, ...] = (),
                  env: dict[str, str] | None = None):
         self.model_path = Path(model_path)
@@ -109,7 +111,7 @@ class LocalServer:
         self.device = device
         self.continuous_batching = continuous_batching
         self.dtype = dtype
-        self.kv_memory_percent = kv_memory_percent
+        self.kv_cache_tokens = kv_cache_tokens
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.env = env
@@ -131,7 +133,7 @@ class LocalServer:
         return transformers_serve_command(
             self.model_path, host=self.host, port=self.port, device=self.device,
             continuous_batching=self.continuous_batching, dtype=self.dtype,
-            kv_memory_percent=self.kv_memory_percent, extra_args=self.extra_args)
+            kv_cache_tokens=self.kv_cache_tokens, extra_args=self.extra_args)
 
     def log_tail(self, n: int = 30) -> str:
         try:

@@ -26,7 +26,8 @@ export PYTHONPATH=$REPO/lib:$SITE${PYTHONPATH:+:$PYTHONPATH}
 export MPLBACKEND=Agg
 EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
 # Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
-read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 06 05 07}"
+# STAGES="..." (env) runs another list; P<NN>="-p KEY VALUE ..." adds overrides to stage NN.
+read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 05 06 07}"
 
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE - $(date +%s) )); }
@@ -134,21 +135,42 @@ PY
   return $rc
 }
 
-overrides_for() {  # per-stage overrides on the GPU machine
+overrides_for() {  # per-stage overrides on the GPU machine, then the caller's own: P07="-p SIZES [500,1000]"
+  local extra="P$1"
   case $1 in
-    01) echo "-p LIVE false" ;;                      # no network there: the catalog snapshot, said so
-    05) echo "-p PROBE_SERVER false" ;;              # no serving packages (fastapi, uvicorn) there
-    07) local b=$(( $(left) - 60 )); echo "-p TIME_BUDGET_S $(( b > 1 ? b : 1 ))" ;;  # 0 would mean no limit
-    *) echo "" ;;
+    01) echo "-p LIVE false ${!extra:-}" ;;          # no network there: the catalog snapshot, said so
+    05) echo "-p PROBE_SERVER false ${!extra:-}" ;;  # no serving packages (fastapi, uvicorn) there
+    07) local b=$(( $(left) - 60 )); echo "-p TIME_BUDGET_S $(( b > 1 ? b : 1 )) ${!extra:-}" ;;  # 0: no limit
+    *) echo "${!extra:-}" ;;
   esac
 }
 
+# Stages that resume where a killed run stopped (03: by row id; 04 and 07: checkpoints, finished
+# subsets). Any other stage cut by the deadline is started again at the beginning of the next call,
+# and skipped after two cuts (say so; the caller lowers its size, e.g. P06="-p SAMPLES 32").
+RESUMABLE=" 03 04 07 "
+cuts() { cat "$RUN/params.d/$1.cuts" 2>/dev/null || echo 0; }
+
 run_pending() {  # run the stages not done yet, in order, until the deadline
+  local started_any=0
+  SKIPPED=""
   for nb in "${STAGES[@]}"; do
     if stage_done "$nb"; then continue; fi
     if [ "$(left)" -lt 60 ]; then say "less than 60 s left: stopping before $nb"; return 2; fi
+    if [[ $RESUMABLE != *" $nb "* ]] && [ "$(cuts "$nb")" -ge 1 ]; then
+      if [ "$(cuts "$nb")" -ge 2 ]; then
+        say "WARNING: stage $nb was cut twice by the deadline: skipped (lower its size)"; SKIPPED="$SKIPPED $nb"; continue
+      fi
+      if [ $started_any -eq 1 ]; then say "stage $nb needs a whole call: stopping here"; return 2; fi
+    fi
+    started_any=1
     # shellcheck disable=SC2046
-    run_stage "$nb" $(overrides_for "$nb") || { [ $? -eq 124 ] && return 2; say "stage $nb failed: see the log"; return 1; }
+    run_stage "$nb" $(overrides_for "$nb")
+    local rc=$?
+    if [ $rc -eq 124 ]; then
+      mkdir -p "$RUN/params.d"; echo $(( $(cuts "$nb") + 1 )) > "$RUN/params.d/$nb.cuts"; return 2
+    fi
+    [ $rc -ne 0 ] && { say "stage $nb failed: see the log"; return 1; }
     if ! stage_done "$nb"; then
       [ "$nb" = 07 ] && { say "07 ran out of its time budget: rerun step.sh to finish it"; return 2; }
       say "stage $nb wrote no metrics: see the log"; return 1
