@@ -143,9 +143,13 @@ nb.save_metrics(run, {
 
 # %% [markdown]
 # ## Findings
-# - The exported EAGLE-3 folder passes the contract validator (names, shapes, dtypes, config keys);
-#   the EAGLE-1-style folder is for the ablation only (no `fc`, SGLang's EAGLE3 cannot serve it).
-# - Per-step accuracy falls with the step index: later steps see the draft's own (imperfect)
-#   hidden states, which is what training-time test trains for.
-# - With the smoke/quick data sizes (tens of conversations) the acceptance figures are small;
-#   the contract's published scale (5K samples: ~1.5, 50K: ~1.9-2.0) needs the full profile on a GPU.
+# - Both exports pass `draftlab.export.validate` (the line printed under section 2 says so, and
+#   `export_deviations` in `metrics.json` is empty); the EAGLE-1-style folder is for the ablation
+#   only: it has no `fc`, and SGLang's EAGLE3 cannot serve it.
+# - Reference quick run on the CPU (2026-11-29; 48 HumanEval-style conversations, one epoch,
+#   18 steps of TTT 4): simulated acceptance length 1.17 for EAGLE-3 vs 1.10 for the
+#   EAGLE-1-style draft, acc_0 0.157 vs 0.097; per-step accuracy falls with the step index, as
+#   later steps see the draft's own hidden states. These are tens of conversations: the published
+#   scale (5K samples: ~1.5, 50K: ~1.9-2.0) needs the full profile on a GPU.
+# - Starting the draft's head from the target's rows (`INIT_FROM_TARGET`) was measured worse at
+#   this scale (acc_0 0.073 vs 0.094, same data and steps), so it is off by default.

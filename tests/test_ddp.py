@@ -1,5 +1,5 @@
-"""DDP through torchrun: two gloo processes on the CPU train the same draft as one process
-accumulating the same two micro-batches per step."""
+"""DDP through torchrun: two gloo processes on the CPU (each accumulating 2 micro-batches under
+no_sync) train the same draft as one process accumulating the same 4 micro-batches per step."""
 
 import socket
 import subprocess
@@ -23,9 +23,9 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     from draftlab.train import find_checkpoint, train
 
     files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
-    common = dict(epochs=1, save_every=100, eval_every=100, threads=1)
+    common = dict(epochs=1, save_every=100, eval_every=100, threads=1, batch_tokens=160)
     ddp_out = tmp_path / "ddp" / "eagle3"
-    cfg = small_config(files, ddp_out, **common)
+    cfg = small_config(files, ddp_out, grad_accum=2, **common)
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
             f"--master_port={_free_port()}", "-m", "draftlab.cli", "train"]
     for k, v in vars(cfg).items():
@@ -37,7 +37,7 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     assert "world 2" in proc.stdout
     ddp = load_file(str(find_checkpoint(ddp_out) / "draft.safetensors"))
 
-    single = train(small_config(files, tmp_path / "one" / "eagle3", grad_accum=2, **common))
+    single = train(small_config(files, tmp_path / "one" / "eagle3", grad_accum=4, **common))
     ref = single["draft"].state_dict()
     assert int(find_checkpoint(ddp_out).name.split("-")[1]) == single["steps"] > 1
     for k, v in ref.items():

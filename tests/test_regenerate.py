@@ -198,7 +198,19 @@ def test_embedded_server_end_to_end(tmp_path):
 
 # ------------------------------------------------------------------ the batch backend (CPU, tiny target)
 
-def test_batch_backend_same_records_and_resume(tmp_path):
+@pytest.fixture
+def one_thread():
+    """The tiny model's ops are so small that a second thread only adds waiting on a busy CPU
+    (measured: 0.43 s vs 0.06 s per 6-token generate with neighbours' load)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_batch_backend_same_records_and_resume(tmp_path, one_thread):
     from draftlab.regen_batch import regenerate_batch
     from draftlab.target import load_target
 
@@ -231,7 +243,7 @@ def test_batch_backend_same_records_and_resume(tmp_path):
     assert [r["backend"] for r in manifest["runs"]] == ["batch", "batch"]
 
 
-def test_batch_greedy_matches_one_by_one_generation(tmp_path):
+def test_batch_greedy_matches_one_by_one_generation(tmp_path, one_thread):
     """Static batching with left padding gives the same greedy answers as unbatched generate."""
     import torch
 

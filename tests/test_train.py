@@ -65,6 +65,7 @@ def test_summarize_simulated_acceptance():
     assert s["loss"] == pytest.approx(1.0 + 0.8 * 1.0)
 
 
+@pytest.mark.slow
 def test_training_learns_and_logs(fixture_files, tmp_path):
     out = tmp_path / "train" / "eagle3"
     r = train(small_config(fixture_files, out, epochs=3))
@@ -123,6 +124,7 @@ def test_gpu_bf16_online_and_offline(fixture_files, tmp_path):
         assert r["eval"]["acc_0"] > 0.1
 
 
+@pytest.mark.slow
 def test_offline_precompute_resumes_after_a_crash(fixture_files, tmp_path, tiny_target, capsys):
     from safetensors.torch import load_file
 

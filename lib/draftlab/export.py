@@ -45,7 +45,9 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
     d["eagle_config"] = eagle
     d["torch_dtype"] = dtype
     d["dtype"] = dtype
-    for k in ("_name_or_path", "transformers_version", "output_hidden_states", "return_dict", "use_cache"):
+    for k in ("_name_or_path", "transformers_version", "output_hidden_states", "return_dict", "use_cache",
+              "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+              "output_attentions"):
         d.pop(k, None)
     return d
 
@@ -78,6 +80,7 @@ def export_draft(draft, folder, max_position_embeddings: int | None = None, dtyp
     tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
     save_file(tensors, str(tmp_w), metadata={"format": "pt"})
     tmp_c.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tmp_w.chmod(0o644)  # safetensors writes 0600; a server may run as another user
     tmp_w.replace(folder / "model.safetensors")
     tmp_c.replace(folder / "config.json")
     return folder

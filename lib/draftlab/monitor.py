@@ -133,14 +133,22 @@ def format_summary(s: dict) -> str:
 
 
 def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
-    """(bin start seconds since the first finished row, tokens/s, rows finished so far) per bin."""
-    ev = _events(Path(work))
+    """(bin start in seconds since the first run began, tokens/s in the bin, rows finished
+    by the end of the bin). Default bins: a twelfth of the span, at least 5 s (a CPU server
+    finishes its batch of requests together, so narrow bins look like spikes)."""
+    work = Path(work)
+    ev = _events(work)
     items = sorted(v for v in {**ev["done"], **ev["dropped"]}.values() if v[0])
     if not items:
         return [], [], []
     t0, t1 = items[0][0], items[-1][0]
+    try:
+        runs = json.loads((work / "manifest.json").read_text()).get("runs") or []
+        t0 = min([t0] + [r["started"] for r in runs if r.get("started")])
+    except (OSError, ValueError):
+        pass
     if bin_s is None:
-        bin_s = max(1.0, (t1 - t0) / 40)
+        bin_s = max(5.0, (t1 - t0) / 12)
     nbins = int((t1 - t0) // bin_s) + 1
     toks, rows = [0.0] * nbins, [0] * nbins
     for t, tok, _ in items:
@@ -163,13 +171,15 @@ def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None
         fig, ax = plt.subplots(figsize=(7, 3.5))
     else:
         fig = ax.figure
-    mins = [x / 60 for x in t]
-    ax.step(mins, tok_s, where="post", color="tab:blue", label="output tok/s")
-    ax.set_xlabel("minutes since the first finished row")
+    width = (t[1] - t[0]) if len(t) > 1 else 1.0
+    mins = [x / 60 for x in t] + ([(t[-1] + width) / 60] if t else [])
+    ax.stairs(tok_s, mins, color="tab:blue", label="output tok/s", fill=True, alpha=0.35)
+    ax.set_xlabel("minutes since the run began")
     ax.set_ylabel("output tokens/s", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(mins, cum, color="tab:orange", label="rows finished")
+    ax2.plot(mins, [0] + cum if t else [], color="tab:orange", marker=".", label="rows finished")
     ax2.set_ylabel("rows finished", color="tab:orange")
+    ax2.set_ylim(bottom=0)
     ax.set_title(f"regeneration throughput: {Path(work).name}")
     fig.tight_layout()
     return fig

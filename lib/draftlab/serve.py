@@ -100,7 +100,7 @@ class LocalServer:
                  host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
                  continuous_batching: bool = True, dtype: str = "auto",
                  kv_cache_tokens: int | None = None, startup_timeout: float = 180.0,
-                 extra_args: tuple[str, ...] = (),
+                 extra_args: tuple[str, ...] = (), threads: int | None = None,
                  env: dict[str, str] | None = None):
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
@@ -115,6 +115,7 @@ class LocalServer:
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.env = env
+        self.threads = threads  # CPU threads of the server (OMP_NUM_THREADS); None: torch's default
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None  # of the last start (kept after stop, for checks)
         self.startup_s: float | None = None
@@ -149,6 +150,8 @@ class LocalServer:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if self.threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"# {shlex.join(self.command)}\n".encode())

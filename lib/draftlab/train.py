@@ -418,7 +418,12 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     if target is None:
         target = load_target(cfg.target, device=device)
     target.model.requires_grad_(False)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+    use_amp = device.startswith("cuda")
+
+    def amp():
+        """A fresh bf16 autocast context on CUDA (one object must not be entered twice, nested)."""
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
+
 
     # data (rank 0 tokenises and caches first, the others read the cache)
     cache = out_dir.parent / "tokens"
@@ -475,7 +480,9 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     objective = TTTObjective(draft, cfg.ttt_steps, cfg.step_decay)
     model = objective
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[local_rank] if device.startswith("cuda") else None)
+        # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
+        model = nn.parallel.DistributedDataParallel(objective, device_ids=[local_rank] if device.startswith("cuda") else None,
+                                                    broadcast_buffers=False)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
 
@@ -510,7 +517,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         ids, valid, loss_mask = collate(train_ds if feature_fn is feats else val_ds, indices, pad_id)
         f, last = feature_fn(indices, ids, valid, device)
         ids, valid, loss_mask = ids.to(device), valid.to(device), loss_mask.to(device)
-        with amp:
+        with amp():
             target_d, top, in_vocab = soft_targets(target, last.to(target.model.dtype), dids, t2d)
         pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L]: token p+1 is an assistant token
         return f, ids, valid, pred_mask, in_vocab, target_d, top
@@ -519,7 +526,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         draft.eval()
         stats = torch.zeros(cfg.ttt_steps, 4, device=device)
         vplan = plan_epoch([len(x) for x in val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
-        with torch.no_grad(), amp:
+        with torch.no_grad(), amp():
             for b in vplan[rank::world]:
                 stats += objective(*batch_tensors(b, feats_val))[1].float()
         _all_reduce(stats)
@@ -554,9 +561,9 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         for a, b in enumerate(mine):
             sync = model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
             tensors = batch_tensors(b, feats)
-            with sync, amp:
-                loss, stats = model(*tensors)
-            with sync:
+            with sync:  # forward and backward inside one no_sync (a context usable once)
+                with amp():
+                    loss, stats = model(*tensors)
                 (loss / cfg.grad_accum).backward()
             step_stats += stats.float()
             tok_seen += int(tensors[2].sum())
