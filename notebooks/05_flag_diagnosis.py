@@ -66,9 +66,9 @@ result = doctor.diagnose(str(draft_dir), TARGET, [commands["baseline"], commands
 doctor.findings_table(result["findings"])
 
 # %% [markdown]
-# Any `capture_layers_convention` warning above is real: `draftlab.export` writes the
-# input-of-layer ids (`hidden_states[i]`) into `eagle_aux_hidden_state_layer_ids`, while SGLang's
-# `set_eagle3_layers_to_capture` adds 1 to configured ids. See notes/issue7.md.
+# SGLang's `set_eagle3_layers_to_capture` adds 1 to the ids in `eagle_aux_hidden_state_layer_ids`
+# (they mean "output of layer i"), so `draftlab.export` writes the trained `hidden_states` indices
+# minus one and records the indices themselves under `"draftlab"`, which doctor checks exactly.
 #
 # ## 2 · The one-flag bug, and every other mismatch in the contract
 # The same launch line with `EAGLE` instead of `EAGLE3`: doctor names the bug and prints the fixed command.

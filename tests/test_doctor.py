@@ -115,13 +115,20 @@ def test_exit_codes_and_fixes_in_text(library, capsys):
     assert code == 0 and "WARNING capture_layers_present" in out and "ok      " not in out
 
 
-def test_draftlab_export_as_written_today_is_flagged(tmp_path):
-    """draftlab.export writes input-of-layer ids; SGLang adds 1 to config ids: doctor must say so."""
-    d = good_draft(tmp_path / "raw", "tiny", draft_vocab_size=256, sglang_ids=False)
+def test_draftlab_export_writes_sglang_ids_and_passes(tmp_path):
+    """draftlab.export writes SGLang's config ids (trained index - 1) and records the trained indices."""
+    d = good_draft(tmp_path / "raw", "tiny", draft_vocab_size=256)
     cfg = json.loads((d / "config.json").read_text())
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
-    result = diagnose(str(d), "tiny")
-    assert problems(result) == [("capture_layers_convention", "warning")]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert cfg["draftlab"] == {"capture_layers": [2, 4, 5]}
+    assert problems(diagnose(str(d), "tiny")) == []
+
+
+def test_input_of_layer_ids_without_record_are_flagged(tmp_path):
+    """A naive export with input-of-layer ids: SGLang would shift every layer by one."""
+    d = good_draft(tmp_path / "raw", "tiny", draft_vocab_size=256, sglang_ids=False)
+    assert json.loads((d / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert problems(diagnose(str(d), "tiny")) == [("capture_layers_convention", "warning")]
 
 
 @pytest.mark.parametrize("breakage,expect", [

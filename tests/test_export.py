@@ -64,7 +64,9 @@ def test_embedded_export_matches_contract(embedded_export, embedded_config):
     assert cfg["rope_theta"] == 100000.0 and "rope_scaling" in cfg and cfg["rope_parameters"]["rope_theta"] == 1e5
     assert cfg["max_position_embeddings"] >= 8192
     assert cfg["tie_word_embeddings"] is False
-    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [2, 15, 27], "use_aux_hidden_state": True}
+    # SGLang adds 1 to config ids: hidden_states [2, 15, 27] are written as [1, 14, 26].
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}
+    assert cfg["draftlab"] == {"capture_layers": [2, 15, 27]}
     assert validate(out, embedded_config) == []
 
 

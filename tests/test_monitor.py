@@ -1,7 +1,6 @@
 """draftlab monitor: exact figures from a work folder written by hand, the CLI and the plot."""
 
 import json
-import time
 
 import pytest
 

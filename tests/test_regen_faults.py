@@ -38,12 +38,12 @@ def test_torn_last_line_is_redone(tmp_path):
 
 @pytest.mark.server
 def test_sigkill_at_random_moments_then_resume(tiny_server, tmp_path):
-    rows = make_conversations(300, multi_turn_every=5)
+    rows = make_conversations(400, multi_turn_every=5)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "draftlab.regenerate", "regenerate", str(src), str(work),
            "--base-url", tiny_server.base_url, "--model", tiny_server.model, "--max-tokens", "4",
-           "--concurrency", "4", "--truncation", "keep_flag", "--shard-rows", "50", "--no-progress"]
+           "--concurrency", "2", "--truncation", "keep_flag", "--shard-rows", "50", "--no-progress"]
     rng = random.Random(1234)
     kills, before = 0, 0
     while kills < 6:
@@ -52,7 +52,7 @@ def test_sigkill_at_random_moments_then_resume(tiny_server, tmp_path):
         deadline = time.monotonic() + 120
         while _rows_on_disk(work) <= before and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is not None:
             break  # finished before the kill: the loop below checks we still got enough kills
         os.kill(proc.pid, signal.SIGKILL)

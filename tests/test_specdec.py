@@ -8,7 +8,7 @@ import torch
 
 from draftlab import specdec as sd
 from draftlab.draft import Eagle3Draft, draft_config_for_target
-from draftlab.hidden import target_states
+from draftlab.hidden import final_feature, target_states
 
 PROMPTS = [
     "Hello there", "Write a poem about cats.", "What is 2+2?", "def f(x):", "Tell me a joke.",
@@ -109,10 +109,12 @@ def test_eagle1_variant_is_lossless(tiny_target, reference, prompt_ids):
 
 
 def test_runner_features_match_hidden_module(tiny_target, prompt_ids):
-    """The hooks give what draft training used (draftlab.hidden): aux layers and pre-norm final."""
+    """The hooks give what draft training used (draftlab.hidden): aux layers and the post-norm final."""
     ids = prompt_ids[0]
     aux, last, _ = target_states(tiny_target, torch.tensor([ids]))
-    for feature, want in (("aux", aux), ("final", last)):
+    with torch.no_grad():
+        final = final_feature(tiny_target, last)
+    for feature, want in (("aux", aux), ("final", final)):
         runner = sd.TargetRunner(tiny_target, feature, max_len=128)
         n = len(ids)
         with torch.no_grad():

@@ -15,18 +15,13 @@ from pathlib import Path
 import torch
 
 
-def sglang_layer_ids(capture_layers) -> list:
-    """Config ids SGLang turns into these hidden_states indices on Llama-family targets (it adds 1)."""
-    return [int(i) - 1 for i in capture_layers]
-
-
 def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, seed: int = 0,
                sglang_ids: bool = True) -> Path:
     """A contract-correct export for `target_spec` (random weights) via draftlab.draft + draftlab.export.
 
-    sglang_ids: write eagle_aux_hidden_state_layer_ids in SGLang's config convention (output-of-layer
-    ids, SGLang adds 1) and record the trained hidden_states indices under "draftlab"; False keeps
-    what draftlab.export writes today (the input-of-layer ids themselves).
+    sglang_ids: True keeps what draftlab.export writes (SGLang's output-of-layer config ids, SGLang adds 1,
+    with the trained hidden_states indices recorded under "draftlab"); False rewrites it the way a
+    naive exporter would (the input-of-layer ids themselves, nothing recorded).
     """
     from transformers import AutoConfig
 
@@ -42,11 +37,10 @@ def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, s
     draft.set_vocab(torch.randperm(info.vocab_size)[:draft_vocab_size].sort().values)
     folder = Path(folder)
     export_draft(draft, folder, max_position_embeddings=info.max_position_embeddings, dtype="float32")
-    if sglang_ids:
+    if not sglang_ids:
         trained = list(draft.capture_layers)
-        edit_config(folder, lambda c: c.update(
-            eagle_config={**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(trained)},
-            draftlab={"capture_layers": trained}))
+        edit_config(folder, lambda c: (c.update(
+            eagle_config={**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": trained}), c.pop("draftlab", None)))
     return folder
 
 
@@ -142,7 +136,7 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
                f"capture ids past the last of the target's {info.num_layers} layers",
                config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, info.num_layers + 1]))
     draft_case("input_of_layer_ids", "capture_layers_convention", "warning",
-               "input-of-layer ids written where SGLang expects output-of-layer ids (what draftlab.export writes today)",
+               "input-of-layer ids written where SGLang expects output-of-layer ids (a naive exporter's mistake)",
                config_fn=lambda c: (c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)), c.pop("draftlab", None)))
     draft_case("trained_layers_shifted", "capture_layers_convention", "error",
                "recorded training layers and config ids disagree by one",
@@ -198,7 +192,7 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
                                 "(or set BUILD_DRAFT_IF_MISSING = True for an untrained one)")
     out = Path(out_dir) / "untrained_eagle3"
     if not (out / "config.json").is_file():
-        good_draft(out, target_spec, draft_vocab_size=512, sglang_ids=False)
+        good_draft(out, target_spec, draft_vocab_size=512)
     return out, "untrained (random weights), built by draftlab.export because notebook 04 has not run"
 
 

@@ -10,7 +10,7 @@ Alignment (same as SGLang's llama_eagle3):
   hidden_out[:, t] pre-norm output, fed back as the next draft step's hidden
 
 The EAGLE-1-style variant (config.eagle_config["use_aux_hidden_state"] = False) takes the
-target's final (pre-norm) hidden state directly: no fc, otherwise the same module.
+target's final (post-norm) hidden state directly: no fc, otherwise the same module.
 """
 
 from __future__ import annotations
@@ -388,7 +388,13 @@ def config_from_dict(raw: dict) -> LlamaConfig:
                                   "rope_theta": raw["rope_theta"]}
     for k in ("rope_theta", "rope_scaling", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype"):
         raw.pop(k, None)
-    eagle = raw.pop("eagle_config", None) or {}
+    from draftlab.export import capture_layers_from_config
+
+    layers = capture_layers_from_config(raw)
+    eagle = dict(raw.pop("eagle_config", None) or {})
+    raw.pop("draftlab", None)
+    if layers is not None:
+        eagle["eagle_aux_hidden_state_layer_ids"] = layers  # in memory: hidden_states indices
     dvs = raw.pop("draft_vocab_size", None) or raw["vocab_size"]
     cfg = LlamaConfig(**raw)
     cfg.architectures = ["LlamaForCausalLMEagle3"]

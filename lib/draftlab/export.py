@@ -23,6 +23,20 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float1
 
 
 # ---- export ----------------------------------------------------------------------------------
+def sglang_config_ids(capture_layers) -> list[int]:
+    """hidden_states indices -> the ids SGLang's config wants (it captures the input of layer id+1)."""
+    return [int(i) - 1 for i in capture_layers]
+
+
+def capture_layers_from_config(config: dict) -> list[int] | None:
+    """The hidden_states indices a draft reads: draftlab's record, else SGLang's reading (ids + 1)."""
+    recorded = (config.get("draftlab") or {}).get("capture_layers")
+    if recorded is not None:
+        return [int(i) for i in recorded]
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return None if ids is None else [int(i) + 1 for i in ids]
+
+
 def export_config(draft, max_position_embeddings: int | None = None, dtype: str = "bfloat16") -> dict:
     """config.json content: transformers' keys plus the legacy rope keys and eagle_config."""
     cfg = draft.config
@@ -40,9 +54,13 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
     d["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
     d["max_position_embeddings"] = int(max(cfg.max_position_embeddings, max_position_embeddings or 0))
     layers = draft.capture_layers
-    eagle = {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layers] if layers is not None else None,
+    # draftlab's ids are hidden_states indices ("input of layer i"); SGLang adds 1 to the ids in
+    # config.json (they mean "output of layer i"), so write i - 1 and record the trained indices.
+    eagle = {"eagle_aux_hidden_state_layer_ids": sglang_config_ids(layers) if layers is not None else None,
              "use_aux_hidden_state": bool(draft.use_aux)}
     d["eagle_config"] = eagle
+    if layers is not None:
+        d["draftlab"] = {"capture_layers": [int(i) for i in layers]}
     d["torch_dtype"] = dtype
     d["dtype"] = dtype
     for k in ("_name_or_path", "transformers_version", "output_hidden_states", "return_dict", "use_cache",
@@ -183,8 +201,9 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
                      f"{t['max_position_embeddings']} (SGLang refuses to start without "
                      "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
         n = t.get("num_layers")
-        if n and isinstance(ids, list) and any(not (isinstance(x, int) and 0 <= x < n) for x in ids):
-            p.append(f"config.json: capture layer ids {ids} outside 0..{n - 1} for a {n}-layer target")
+        if n and isinstance(ids, list) and any(not (isinstance(x, int) and 0 <= x + 1 < n) for x in ids):
+            p.append(f"config.json: capture layer ids {ids} (SGLang captures the input of layer id+1) "
+                     f"outside 0..{n - 2} for a {n}-layer target")
     if missing and any(k in missing for k in ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size",
                                                "num_attention_heads", "num_key_value_heads")):
         return p  # shapes cannot be derived

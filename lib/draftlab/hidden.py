@@ -1,8 +1,10 @@
 """Target hidden states for draft training and drafting.
 
-"Input of layer i" = transformers' `hidden_states[i]` (index 0 = embedding output), which is what
-SGLang's `eagle_aux_hidden_state_layer_ids` mean. The final state for the EAGLE-1-style variant is
-the last decoder layer's output *before* the final norm (EAGLE-1's "feature").
+"Input of layer i" = transformers' `hidden_states[i]` (index 0 = embedding output): the indices
+draftlab trains on (SGLang's config ids are these minus one; see draftlab.export). The final state
+for the EAGLE-1-style variant and for `--speculative-algorithm EAGLE` is the target's last hidden
+state *after* its final norm, as SGLang's EAGLE worker receives it (and as transformers'
+`hidden_states[-1]`); the pre-norm state is kept as well because target logits are computed from it.
 """
 
 from __future__ import annotations
@@ -66,17 +68,23 @@ def aux_hidden(target, input_ids, attention_mask=None, layers=None) -> torch.Ten
     return target_states(target, input_ids, attention_mask, layers)[0]
 
 
+def final_feature(target, last: torch.Tensor) -> torch.Tensor:
+    """[..,H] pre-norm last state -> the final hidden state SGLang's EAGLE sends (after the final norm)."""
+    model = target.model if hasattr(target, "model") else target
+    return _final_norm(model)(last)
+
+
 def final_hidden(target, input_ids, attention_mask=None) -> torch.Tensor:
-    """[B,T,H]: the last decoder layer's pre-norm output (EAGLE-1-style draft input)."""
+    """[B,T,H]: the target's final (post-norm) hidden state (EAGLE-1-style draft input)."""
     model = target.model if hasattr(target, "model") else target
     n = model.config.get_text_config().num_hidden_layers
-    return target_states(target, input_ids, attention_mask, layers=[0, 0, n - 1])[1]
+    return final_feature(target, target_states(target, input_ids, attention_mask, layers=[0, 0, n - 1])[1])
 
 
 def draft_features(target, draft, input_ids, attention_mask=None) -> torch.Tensor:
     """What `draft.project` expects: aux states (EAGLE-3) or the final state (EAGLE-1)."""
     aux, last, _ = target_states(target, input_ids, attention_mask, layers=draft_layers(target, draft))
-    return aux if draft.use_aux else last
+    return aux if draft.use_aux else final_feature(target, last)
 
 
 def draft_layers(target, draft) -> list[int]:

@@ -36,7 +36,7 @@ try:  # the HTTP client the openai SDK (>= 3) is built on; its connection pool i
 except ImportError:  # pragma: no cover - older openai releases
     import httpx
 
-from draftlab.records import ROLES, RecordError, validate_conversation
+from draftlab.records import RecordError, validate_conversation
 
 SYSTEM_POLICIES = ("keep", "drop", "set")
 TRUNCATION_POLICIES = ("drop", "keep_flag")

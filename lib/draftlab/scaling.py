@@ -207,7 +207,7 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     import torch.nn.functional as F
     from tqdm.auto import tqdm
 
-    from draftlab.hidden import draft_layers, logits_from_last
+    from draftlab.hidden import draft_layers, final_feature, logits_from_last
     from draftlab.train import TTTObjective, summarize
 
     if draft.use_aux and draft_layers(target, draft) != held.layers:
@@ -225,7 +225,7 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
             with amp:
                 target_d = logits_from_last(target, last, vocab_ids=dids)  # [1,L,Vd]
                 pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [1,L]: token p+1 is an assistant token
-                feats = aux if draft.use_aux else last
+                feats = aux if draft.use_aux else final_feature(target, last)
                 per.append(objective(feats, ids, valid, pred_mask, t2d[top], target_d, top)[1].float().cpu())
     draft.train(was_training)
     stats = torch.stack(per)  # [n, steps, 4]

@@ -132,7 +132,7 @@ class TargetRunner:
 
     def __init__(self, target, feature: str, max_len: int, layers: list[int] | None = None):
         """feature: "aux" (three captured layers, [L,3H]; `layers` default to the target's SGLang
-        default) or "final" (the last layer's pre-norm output, [L,H])."""
+        default) or "final" (the target's final hidden state after its norm, as SGLang's EAGLE sends it, [L,H])."""
         self.target = target
         self.model = target.model
         cfg = self.model.config.get_text_config()
@@ -152,7 +152,7 @@ class TargetRunner:
         self._hooks = [base.layers[i].register_forward_pre_hook(self._pre_hook(i)) for i in self.layers]
         if feature == "final":
             self._hooks.append(base.norm.register_forward_hook(
-                lambda mod, args, out: self._captured.__setitem__("final", args[0])))
+                lambda mod, args, out: self._captured.__setitem__("final", out)))
         self.lm_head = self.model.get_output_embeddings()
         self.graphs: dict[int, Graphed] = {}
 

@@ -206,7 +206,7 @@ class Features:
 
     @torch.no_grad()
     def __call__(self, indices, ids, valid, device):
-        from draftlab.hidden import target_states
+        from draftlab.hidden import final_feature, target_states
 
         if self.offline is not None:
             aux, last = self.offline.get(indices, ids.shape[1], want_aux=self.use_aux)
@@ -214,7 +214,7 @@ class Features:
             last = last.to(device)
         else:
             aux, last, _ = target_states(self.target, ids, valid.long(), self.layers)
-        return (aux if self.use_aux else last), last
+        return (aux if self.use_aux else final_feature(self.target, last)), last
 
 
 @torch.no_grad()
