@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from draftlab.records import RecordError, read_jsonl, validate_conversation
+from draftlab.target import render_chat
 
 OVERLONG_POLICIES = ("truncate", "drop")
 
@@ -36,10 +37,6 @@ class TokenStats:
     notes: list = field(default_factory=list)
 
 
-def _render(tokenizer, messages, add_generation_prompt):
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
 _EOT_CACHE: dict = {}
 
 
@@ -56,14 +53,14 @@ def end_of_turn_strings(tokenizer) -> list[str]:
 
 def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """(full text, [(start, end) character spans of each assistant reply incl. its end-of-turn])."""
-    full = _render(tokenizer, messages, False)
+    full = render_chat(tokenizer, messages, False)
     eots = end_of_turn_strings(tokenizer)
     spans = []
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        head = _render(tokenizer, messages[:i], True) if i else ""
-        upto = _render(tokenizer, messages[: i + 1], False)
+        head = render_chat(tokenizer, messages[:i], True) if i else ""
+        upto = render_chat(tokenizer, messages[: i + 1], False)
         if not full.startswith(head) or not full.startswith(upto) or len(upto) < len(head):
             # Templates that rewrite earlier turns: fall back to locating the content itself.
             start = full.find(msg["content"], spans[-1][1] if spans else 0)
