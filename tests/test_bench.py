@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from draftlab import bench
+from draftlab.sources_offline import HUMANEVAL_INSTRUCTION
 
 # SGLang's native /generate body (meta_info always present; speculative fields on EAGLE servers)
 GENERATE_SPEC = {
@@ -144,7 +145,7 @@ def test_sweep_grid_and_plan_equal_max_running_requests():
 def test_eval_sets(tmp_path):
     he = bench.load_eval_set("humaneval")
     assert len(he) == 164 and he[0]["id"] == "HumanEval/0"
-    assert he[0]["messages"][0]["content"].startswith(bench.HUMANEVAL_INSTRUCTION)
+    assert he[0]["messages"][0]["content"].startswith(HUMANEVAL_INSTRUCTION)
     with pytest.raises(FileNotFoundError, match="02_blend"):
         bench.load_eval_set("blend", run_dir=tmp_path)
     blend = tmp_path / "data" / "blend"

@@ -1,7 +1,6 @@
 """DDP through torchrun: two gloo processes on the CPU (each accumulating 2 micro-batches under
 no_sync) train the same draft as one process accumulating the same 4 micro-batches per step."""
 
-import socket
 import subprocess
 import sys
 
@@ -9,13 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from draftlab.serve import free_port
 from test_train import small_config, write_fixture
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -27,7 +21,7 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     ddp_out = tmp_path / "ddp" / "eagle3"
     cfg = small_config(files, ddp_out, grad_accum=2, **common)
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-            f"--master_port={_free_port()}", "-m", "draftlab.cli", "train"]
+            f"--master_port={free_port()}", "-m", "draftlab.cli", "train"]
     for k, v in vars(cfg).items():
         if k == "capture_layers":
             continue

@@ -2,7 +2,6 @@
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from draftlab.serve import free_port
+
 ROOT = Path(__file__).parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.server

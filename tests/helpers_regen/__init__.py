@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftlab import records
 from draftlab.records import conversation_id
 
 TOPICS = ["rivers", "owls", "tides", "chess", "bread", "comets", "glaciers", "jazz", "maps"]
@@ -32,10 +33,7 @@ def make_conversations(n: int, *, multi_turn_every: int = 4, system_every: int =
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
+    records.write_jsonl(path, rows)
     return path
 
 
