@@ -58,3 +58,13 @@ def test_run_environment_check_smoke(tmp_path):
     assert metrics["00_environment_check"]["target"]["capture_layers"] == [2, 4, 5]
     assert (run_dir / "figures" / "00_environment_check_capture_layers.png").stat().st_size > 1000
     assert (run_dir / "executed" / "00_environment_check.ipynb").is_file()
+
+
+def test_rerun_of_one_stage_keeps_the_other_stages_parameters(tmp_path):
+    run_dir = runner.run_notebooks(["00"], "smoke", {"SEED": 3}, run_id="t", results_dir=tmp_path)
+    (run_dir / "params.yaml").write_text(yaml.safe_dump(
+        {"notebooks": {"99_other": {"SEED": 1}, "00_environment_check": {"SEED": 0}}}))
+    runner.run_notebooks(["00"], "smoke", {"SEED": 4}, run_id="t", results_dir=tmp_path)
+    notebooks = yaml.safe_load((run_dir / "params.yaml").read_text())["notebooks"]
+    assert notebooks["99_other"] == {"SEED": 1}
+    assert notebooks["00_environment_check"]["SEED"] == 4

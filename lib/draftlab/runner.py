@@ -131,7 +131,11 @@ def run_notebooks(
         "overrides": overrides or {},
         "notebooks": params,
     }
-    (run_dir / "params.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    path = run_dir / "params.yaml"
+    if path.exists():  # rerunning stages of an existing run: keep the other notebooks' parameters
+        earlier = yaml.safe_load(path.read_text()) or {}
+        record["notebooks"] = {**earlier.get("notebooks", {}), **params}
+    path.write_text(yaml.safe_dump(record, sort_keys=False))
     timings = {}
     for nb in notebooks:
         print(f"draftlab run: {nb.stem} ({profile_name}) -> {run_dir / 'executed' / nb.name}", flush=True)
