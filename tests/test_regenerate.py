@@ -290,3 +290,19 @@ def test_second_writer_is_refused(tmp_path):
                        RegenConfig(model="m"), progress=False)
     with WorkLock(tmp_path / "work"):  # released: free again
         pass
+
+
+def test_batch_size_sweep_forces_equal_work_per_row(tmp_path, one_thread):
+    """`draftlab bench generate`: every size decodes exactly new_tokens per row; rows are written."""
+    from draftlab.cli import main
+
+    src = tmp_path / "prompts.jsonl"
+    write_jsonl(src, make_conversations(3, multi_turn_every=0))
+    out = tmp_path / "sweep.json"
+    assert main(["bench", "generate", str(src), "--target", "tiny", "--device", "cpu",
+                 "--batch-sizes", "1,4", "--new-tokens", "5", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["new_tokens"] == 5 and r["seconds"] > 0
+        assert r["output_tok_s"] == pytest.approx(r["batch_size"] * 5 / r["seconds"], rel=0.05)

@@ -26,6 +26,7 @@ COMMANDS = {
 BENCHES = {
     "blend": ("draftlab.blend", "add_bench_blend_parser"),
     "client": ("draftlab.regenerate", "add_bench_client_parser"),
+    "generate": ("draftlab.regen_batch", "add_bench_generate_parser"),
     "live": ("draftlab.bench", "add_bench_live_parser"),
     "specdec": ("draftlab.specdec", "add_bench_specdec_parser"),
 }

@@ -18,6 +18,7 @@ GPU run (one H200, bf16):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -167,3 +168,84 @@ def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch
     summary = stats.summary()
     summary["servers"] = {where: {"batch_size": batch_size, "cache": cache}}
     return summary
+
+
+# ---- benchmark: output tokens/s of the batch backend by batch size --------------------------
+def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int], new_tokens: int = 64,
+                      cache: str = "dynamic", repeats: int = 1) -> list[dict]:
+    """Tokens/s of `generate` at each batch size on the first user turns of real prompts.
+
+    Every row is forced to `new_tokens` (min_new_tokens), so each batch size does the same work per
+    row and the figure is decode throughput at that batch, prefill included (prompts cycled when
+    there are fewer than the batch). The median of `repeats` runs is kept."""
+    import statistics
+
+    import torch
+
+    tok = target.tokenizer
+    tok.padding_side = "left"
+    texts = [target.render(p[:1], add_generation_prompt=True) for p in prompts]
+    gen_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, temperature=None,
+                  top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
+    if cache == "static":
+        gen_kw["cache_implementation"] = "static"
+    cuda = str(target.device).startswith("cuda")
+    rows = []
+    for b in batch_sizes:
+        batch = [texts[i % len(texts)] for i in range(b)]
+        enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
+        times = []
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = target.model.generate(**enc, **gen_kw)  # [b, prompt + new_tokens]
+            if out.shape[1] - enc.input_ids.shape[1] != new_tokens:
+                raise RuntimeError(f"batch {b}: generate made {out.shape[1] - enc.input_ids.shape[1]} "
+                                   f"tokens, not {new_tokens}")
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        wall = statistics.median(times)
+        row = {"batch_size": b, "cache": cache, "new_tokens": new_tokens, "prompt_len_padded": enc.input_ids.shape[1],
+               "seconds": round(wall, 4), "output_tok_s": round(b * new_tokens / wall, 1),
+               "ms_per_step": round(1000 * wall / new_tokens, 2), "repeats": repeats}
+        if cuda:
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            torch.cuda.reset_peak_memory_stats()
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del enc
+    return rows
+
+
+def add_bench_generate_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="batch backend: output tokens/s of generate by batch size",
+        description="Decode throughput of the regeneration batch backend at several batch sizes on "
+                    "real prompts (each row forced to --new-tokens); prints one JSON line per size.")
+    p.add_argument("prompts", help="canonical conversations (.jsonl), e.g. RUN/data/blend/train.jsonl")
+    p.add_argument("--target", default="embedded")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--batch-sizes", default="512,1024,2048,4096,8192")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the rows here")
+    p.set_defaults(func=_bench_generate_cli)
+
+
+def _bench_generate_cli(args) -> int:
+    from draftlab.regenerate import load_conversations
+    from draftlab.target import load_target
+
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    rows = load_conversations(args.prompts, limit=max(sizes))
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    res = sweep_batch_sizes(target, [r["messages"] for r in rows], sizes, args.new_tokens, args.cache, args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"target": target.name, "device": str(target.device),
+                                               "dtype": str(target.dtype), "rows": res}, indent=1))
+    return 0

@@ -246,12 +246,12 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
     """Real chain speculative decoding (topk 1, S steps) in the reference engine: acceptance length
     = completion tokens / verify steps (contract section 5), with a bootstrap SE over prompts."""
     from draftlab.draft import load_draft
-    from draftlab.specdec import SpecConfig, SpecEngine, summarize
+    from draftlab.specdec import SpecConfig, graphed_engine, summarize
 
     draft = load_draft(draft_dir, target)
     cfg = SpecConfig(mode="EAGLE3", num_steps=steps, topk=1, max_new_tokens=max_new_tokens)
     need = max(len(p) for p in prompt_ids) + max_new_tokens + steps + 4
-    engine = SpecEngine(target, draft, cfg, max_len=need)
+    engine = graphed_engine(target, draft, cfg, need, prompt_ids[0])
     try:
         from tqdm.auto import tqdm
 

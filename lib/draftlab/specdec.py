@@ -29,7 +29,8 @@ import inspect
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -358,6 +359,7 @@ class SpecEngine:
         layers = draft_layers(target, draft) if draft is not None else None  # what the draft was trained on
         self.runner = TargetRunner(target, feature, max_len, layers)
         self._trils: dict[int, torch.Tensor] = {}
+        self.graph_error = ""  # why CUDA graphs were turned off, if they were
 
     def close(self):
         self.runner.close()
@@ -663,15 +665,48 @@ def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bo
                                 disable=not progress)]
 
 
+_GRAPHS_CHECKED: set = set()  # (target, draft) pairs whose graph replay matched eager decoding
+
+
+def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int]) -> SpecEngine:
+    """An engine with its CUDA graphs captured, or an eager one when capture fails.
+
+    The first engine of each (target, draft) pair also decodes `probe` greedily both ways and
+    falls back to eager if the replay differs, so a broken graph costs speed, never correctness;
+    the reason is kept in `engine.graph_error` and reported with the results."""
+    engine = SpecEngine(target, draft, config, max_len=max_len)
+    if not engine.use_graphs:
+        return engine
+    key = (id(target), id(draft))
+    try:
+        engine.capture()
+        if key not in _GRAPHS_CHECKED:
+            graphed = engine.greedy(probe).tokens
+            engine.use_graphs = False
+            eager = engine.greedy(probe).tokens
+            engine.use_graphs = True
+            if graphed != eager:
+                raise RuntimeError(f"graph replay decoded {graphed[:8]}... but eager decoding {eager[:8]}...")
+            _GRAPHS_CHECKED.add(key)
+        return engine
+    except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+        engine.close()
+        _sync(engine.device)
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        warnings.warn(f"CUDA graphs off for this run ({reason})", stacklevel=2)
+        engine = SpecEngine(target, draft, replace(config, cuda_graphs=False), max_len=max_len)
+        engine.graph_error = reason
+        return engine
+
+
 def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval_set: str = "prompts",
             greedy_results: list[PromptResult] | None = None, warmup: int = 1, progress: bool = True,
             max_len: int | None = None) -> dict:
     """Greedy vs speculative on the same prompts in the same engine: stats, speedup, losslessness."""
     need = max(len(p) for p in prompt_ids) + config.max_new_tokens + (config.num_draft_tokens or config.num_steps + 1) + 2
     max_len = max(max_len or 0, need)
-    engine = SpecEngine(target, draft, config, max_len=max_len)
+    engine = graphed_engine(target, draft, config, max_len, prompt_ids[0])
     try:
-        engine.capture()
         for p in prompt_ids[:warmup]:  # first-call costs outside the timed runs
             engine.greedy(p)
             engine.speculative(p)
@@ -690,6 +725,7 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
         "device": str(engine.device),
         "dtype": str(engine.runner.dtype).replace("torch.", ""),
         "cuda_graphs": engine.use_graphs,
+        **({"cuda_graphs_error": engine.graph_error} if engine.graph_error else {}),
         "greedy": g,
         "speculative": s,
         "acceptance_length": s["acceptance_length"],

@@ -163,17 +163,22 @@ class TTTObjective(nn.Module):
         self.decay = decay
 
     def _step_loss(self, hid, target_d, trained, scored, target_top):
-        """One TTT step: (masked mean soft CE, stats row [4]) from the step's pre-norm output."""
-        logits = self.draft.head(hid)  # [B,T,Vd]
+        """One TTT step: (masked mean soft CE, stats row [4]) from the step's pre-norm output.
+
+        The head and both softmaxes run on the scored slots only (assistant tokens; prompt and
+        padding slots are a third or more of a batch and would only be masked out afterwards)."""
+        keep = scored.nonzero(as_tuple=True)
+        trained, top = trained[keep].float(), target_top[keep]  # [N]
+        logits = self.draft.head(hid[keep])  # [N,Vd]
         logp = torch.log_softmax(logits.float(), -1)
-        p = torch.softmax(target_d.float(), -1)
-        ce = -(p * logp).sum(-1)  # [B,T]
+        p = torch.softmax(target_d[keep].float(), -1)
+        ce = -(p * logp).sum(-1)  # [N]
         n = trained.sum()
         loss = (ce * trained).sum() / n.clamp(min=1)
         with torch.no_grad():
-            guess = self.draft.to_target_ids(logits.argmax(-1))
-            correct = ((guess == target_top) & scored).sum()
-            st = torch.stack([(ce.detach() * trained).sum(), n.float(), correct.float(), scored.sum().float()])
+            correct = (self.draft.to_target_ids(logits.argmax(-1)) == top).sum()
+            st = torch.stack([(ce.detach() * trained).sum(), n, correct.float(),
+                              torch.tensor(float(top.numel()), device=n.device)])
         return loss, st
 
     def forward(self, feats, input_ids, valid, pred_mask, in_vocab, target_d, target_top):

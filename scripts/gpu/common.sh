@@ -27,7 +27,7 @@ export MPLBACKEND=Agg
 EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
 # Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
 # STAGES="..." (env) runs another list; P<NN>="-p KEY VALUE ..." adds overrides to stage NN.
-read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 05 06 07}"
+read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 06 05 07}"
 
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( DEADLINE - $(date +%s) )); }
@@ -179,6 +179,54 @@ run_pending() {  # run the stages not done yet, in order, until the deadline
   return 0
 }
 
+# ---- extra benchmarks (issues 4 and 5), each once per run: $RUN/bench/<name>.json -----------------
+bench_done() { [ -s "$RUN/bench/$1.json" ]; }
+
+bench_generate_sweep() {  # issue 4: batch backend output tok/s by batch size (before 03, GPU otherwise idle)
+  bench_done generate_sweep && return 0
+  [ -f "$RUN/data/blend/train.jsonl" ] || { say "sweep: no blend yet, skipped"; return 0; }
+  mkdir -p "$RUN/bench"
+  say "bench: generate sweep ${SWEEP_SIZES:-1024,2048,4096,8192} x ${SWEEP_NEW:-64} new tokens"
+  timeout "${SWEEP_TIMEOUT:-150}" python3 -m draftlab.cli bench generate "$RUN/data/blend/train.jsonl" --device cuda \
+    --batch-sizes "${SWEEP_SIZES:-1024,2048,4096,8192}" --new-tokens "${SWEEP_NEW:-64}" \
+    --json "$RUN/bench/generate_sweep.json.tmp" && mv "$RUN/bench/generate_sweep.json.tmp" "$RUN/bench/generate_sweep.json"
+  say "bench: generate sweep exit $?"
+}
+
+bench_generate_static() {  # issue 4: the same with a static KV cache (transformers may compile the step)
+  bench_done generate_static && return 0
+  [ "$(left)" -gt 200 ] || { say "static-cache sweep: not enough time left, skipped"; return 0; }
+  mkdir -p "$RUN/bench"
+  timeout 150 python3 -m draftlab.cli bench generate "$RUN/data/blend/train.jsonl" --device cuda --cache static \
+    --batch-sizes "${STATIC_SIZES:-1024,4096}" --new-tokens "${SWEEP_NEW:-64}" \
+    --json "$RUN/bench/generate_static.json.tmp" && mv "$RUN/bench/generate_static.json.tmp" "$RUN/bench/generate_static.json"
+  say "bench: static-cache sweep exit $?"
+}
+
+bench_train_offline() {  # issue 5: offline hidden states: precompute time, shard size, train tok/s
+  bench_done train_offline && return 0
+  [ -f "$RUN/data/regen/train.jsonl" ] && [ "$(left)" -gt 150 ] || { say "offline-hidden bench skipped"; return 0; }
+  local d=$DL/bench-offline
+  rm -rf "$d"; mkdir -p "$RUN/bench"
+  say "bench: offline hidden states, ${OFFLINE_SAMPLES:-2000} conversations, ${OFFLINE_STEPS:-40} steps"
+  timeout 140 python3 -m draftlab.cli train --train-file "$RUN/data/regen/train.jsonl" --out-dir "$d/eagle3" \
+    --target embedded --device cuda --hidden offline --max-train-samples "${OFFLINE_SAMPLES:-2000}" \
+    --draft-vocab-size 16000 --ttt-steps 7 --max-len 2048 --epochs 1 --batch-tokens 16384 --max-batch 64 \
+    --lr 5e-4 --eval-every 100000 --save-every 100000 --log-every 10 --stop-after "${OFFLINE_STEPS:-40}" \
+    && python3 - "$d" "$RUN/bench/train_offline.json" <<'PY'
+import csv, json, sys
+from pathlib import Path
+d, out = Path(sys.argv[1]), Path(sys.argv[2])
+rows = list(csv.DictReader(open(d / "eagle3" / "train.csv")))
+summ = json.loads((d / "eagle3" / "summary.json").read_text()) if (d / "eagle3" / "summary.json").is_file() else {}
+size = sum(f.stat().st_size for f in (d / "hidden").rglob("*") if f.is_file())
+out.write_text(json.dumps({"train_csv_last": rows[-1] if rows else None, "summary": summ,
+                           "hidden_bytes": size, "note": "offline hidden states, embedded target, bf16 shards"}, indent=1))
+print(out.read_text())
+PY
+  say "bench: offline exit $?"
+}
+
 save_state() {  # what a cold machine needs to resume: run data and results, no weights, no checkpoints
   [ -d "$RUN" ] || return 0
   local excl=(--exclude='*.safetensors' --exclude='ckpt-*' --exclude='.ckpt-*' --exclude="$RUN_ID/drafts"
@@ -206,6 +254,7 @@ pack_reference() {  # results/reference for the commit: no weights, no data; $OU
   rm -rf "$DL/pack" && mkdir -p "$stage"
   cp "$RUN"/params.yaml "$RUN"/metrics.json "$RUN"/summary.json "$RUN"/README.md "$stage"/ || return 1
   cp -r "$RUN"/figures "$RUN"/executed "$stage"/ || return 1
+  [ -d "$RUN/bench" ] && cp -r "$RUN/bench" "$stage"/
   tar -czf "$OUT/reference.tar.gz" -C "$DL/pack" "$RUN_ID" || return 1
   cp "$RUN/summary.json" "$OUT/summary.json"
   say "packed: $(du -h "$OUT/reference.tar.gz" | cut -f1) ($(tar -tzf "$OUT/reference.tar.gz" | wc -l) entries)"
