@@ -23,7 +23,8 @@ def table(rows: list[dict]):
             "greedy_tok_s": g["tokens_per_s"], "spec_tok_s": s["tokens_per_s"], "speedup": r["speedup"],
             "decode_speedup": r["decode_speedup"], "completion_tokens": s["completion_tokens"],
             "verify_steps": s["verify_steps"], "lossless": f"{r['identical_outputs']}/{r['samples']}",
-            "device": r["device"], "dtype": r["dtype"],
+            "device": r["device"], "dtype": r["dtype"], "cuda_graphs": r.get("cuda_graphs"),
+            **({"cuda_graphs_error": r["cuda_graphs_error"]} if r.get("cuda_graphs_error") else {}),
         })
     return pd.DataFrame(out)
 

@@ -114,6 +114,19 @@ def build_summary(m: dict) -> tuple[dict, dict]:
     return s, src
 
 
+def apply_overrides(run: Path, s: dict, src: dict) -> None:
+    """RUN/summary_overrides.json: {key: {"value": v, "source": "how it was measured"}} for a figure that
+    metrics.json holds only in part (a stage cut by a device call's deadline and resumed); each
+    override must say its derivation, and the README marks it."""
+    path = run / "summary_overrides.json"
+    if not path.is_file():
+        return
+    for key, rec in json.loads(path.read_text()).items():
+        if key not in KEYS or not isinstance(rec, dict) or "value" not in rec or not rec.get("source"):
+            raise SystemExit(f"{path}: entry {key!r} needs a summary key, a 'value' and a 'source'")
+        s[key], src[key] = rec["value"], f"override (summary_overrides.json): {rec['source']}"
+
+
 def goals(s: dict) -> list[dict]:
     vals = dict(s)
     if s["eagle3_acceptance_s6_heldout"] and s["eagle1_acceptance_s6_heldout"]:
@@ -134,6 +147,8 @@ def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict) -> str:
              "below is read from `metrics.json` (`summary.json` says from which notebook and row).", "",
              "| key | value | source |", "|---|---|---|"]
     lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in KEYS]
+    if (run / "run_notes.md").is_file():  # what happened in this run that the numbers alone do not say
+        lines += ["", (run / "run_notes.md").read_text().strip()]
     lines += ["", "## Goals (issue 8)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     for r in g:
         met = "not measured" if r["met"] is None else ("yes" if r["met"] else f"no (missed by {r['short_by']})")
@@ -165,6 +180,7 @@ def main(argv: list[str]) -> int:
     merge_params(run)
     m = json.loads((run / "metrics.json").read_text())
     s, src = build_summary(m)
+    apply_overrides(run, s, src)
     g = goals(s)
     missing = [k for k in KEYS if s[k] is None]
     if missing:
