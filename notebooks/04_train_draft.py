@@ -109,7 +109,7 @@ summary = pd.DataFrame({
            "dropped (overlong / no assistant)": f"{r['train_stats']['dropped_overlong']} / "
                                                 f"{r['train_stats']['dropped_no_assistant']}",
            "train tokens": r["train_tokens"], "vocab coverage": round(r["vocab_coverage"], 4),
-           "wall s (this call)": round(r["elapsed_s"], 1),
+           "wall s (this call)": round(r["elapsed_s"], 1), "wall s (all calls)": round(r["elapsed_total_s"], 1),
            **{k: round(v, 4) for k, v in (r["eval"] or {}).items() if k != "step"}}
     for arch, r in results.items()
 })
@@ -134,7 +134,8 @@ nb.save_figure(run, fig, "step_accuracy")
 nb.save_metrics(run, {
     arch: {"eval": r["eval"], "steps": r["steps"], "finished": r["finished"], "train_stats": r["train_stats"],
            "val_stats": r["val_stats"], "train_tokens": r["train_tokens"], "vocab_coverage": r["vocab_coverage"],
-           "elapsed_s": r["elapsed_s"], "tokens_per_s": r["tokens_per_s"],
+           "elapsed_s": r["elapsed_s"], "elapsed_total_s": r["elapsed_total_s"],
+           "resumed_from_step": r["resumed_from_step"], "tokens_per_s": r["tokens_per_s"],
            "export_dir": str(run.dir / "drafts" / arch), "export_deviations": exports[arch],
            "settings": {"ttt_steps": TTT_STEPS, "draft_vocab_size": DRAFT_VOCAB_SIZE, "epochs": EPOCHS,
                         "max_len": MAX_LEN, "hidden": HIDDEN, "lr": LR}}

@@ -306,3 +306,15 @@ def test_batch_size_sweep_forces_equal_work_per_row(tmp_path, one_thread):
     for r in rows:
         assert r["new_tokens"] == 5 and r["seconds"] > 0
         assert r["output_tok_s"] == pytest.approx(r["batch_size"] * 5 / r["seconds"], rel=0.05)
+
+
+def test_batch_size_sweep_takes_median_length_prompts(one_thread):
+    """A batch of one is the median-length prompt, not the first or the longest (padding and memory)."""
+    from draftlab.regen_batch import sweep_batch_sizes
+    from draftlab.target import load_target
+
+    target = load_target("tiny", device="cpu")
+    prompts = [[{"role": "user", "content": "word " * n}] for n in (40, 1, 200, 5, 80)]
+    rows = sweep_batch_sizes(target, prompts, [1], new_tokens=2)
+    median = target.render(prompts[0], add_generation_prompt=True)
+    assert rows[0]["prompt_len_padded"] == len(target.tokenizer(median, add_special_tokens=False).input_ids)

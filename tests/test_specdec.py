@@ -242,6 +242,35 @@ def test_graph_plumbing_is_lossless_with_static_buffers(tiny_target, draft, prom
     assert sum(a for r in results for a in r.accepted) > 0
 
 
+def test_failed_graph_capture_falls_back_to_eager(tiny_target, draft, prompt_ids):
+    """Graphs asked for where they cannot be captured (the CPU): the run goes on eagerly, lossless,
+    and reports that graphs were off and why."""
+    with pytest.warns(UserWarning, match="CUDA graphs off"):
+        res = sd.compare(tiny_target, draft, prompt_ids[:3], sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
+                         eval_set="unit", progress=False)
+    assert res["lossless"] and res["cuda_graphs"] is False and res["cuda_graphs_error"]
+
+
+def test_graph_replay_that_differs_from_eager_is_refused(tiny_target, draft, prompt_ids, monkeypatch):
+    """A graph that replays wrongly is caught by the eager check on the first prompt."""
+
+    class WrongGraphed(FakeGraphed):
+        def __call__(self, *inputs):
+            out = super().__call__(*inputs)
+            first = out[0] if isinstance(out, tuple) else out
+            if first.dtype == torch.long:
+                first.add_(1)  # every graphed greedy token off by one
+            return out
+
+    monkeypatch.setattr(sd, "Graphed", WrongGraphed)
+    sd._GRAPHS_CHECKED.clear()
+    with pytest.warns(UserWarning, match="differs|decoded"):
+        engine = sd.graphed_engine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
+                                   256, prompt_ids[0])
+    assert not engine.use_graphs and engine.graph_error.startswith("RuntimeError: graph replay decoded")
+    engine.close()
+
+
 @pytest.mark.parametrize("use_aux", [True, False])
 def test_first_draft_token_matches_teacher_forcing(tiny_target, reference, prompt_ids, use_aux):
     """At every cycle root m the engine's first draft token is accepted exactly when the draft run

@@ -97,6 +97,10 @@ def test_resume_is_exact(fixture_files, tmp_path):
         assert torch.equal(sa[k], sb[k]), k
     rows = list(csv.DictReader(open(tmp_path / "b" / "eagle3" / "train.csv")))
     assert [int(r["step"]) for r in rows] == list(range(1, straight["steps"] + 1))
+    # training time adds up over the calls: the resumed call reports the first call's seconds too
+    assert part["resumed_from_step"] is None and resumed["resumed_from_step"] == 3
+    assert part["elapsed_total_s"] == part["elapsed_s"]
+    assert resumed["elapsed_total_s"] > resumed["elapsed_s"] + 0.5 * part["elapsed_s"]
 
 
 @pytest.mark.slow

@@ -176,8 +176,9 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
     """Tokens/s of `generate` at each batch size on the first user turns of real prompts.
 
     Every row is forced to `new_tokens` (min_new_tokens), so each batch size does the same work per
-    row and the figure is decode throughput at that batch, prefill included (prompts cycled when
-    there are fewer than the batch). The median of `repeats` runs is kept."""
+    row and the figure is decode throughput at that batch, prefill included. Each batch is the `b`
+    prompts around the median length (cycled when there are fewer). The median of `repeats` runs
+    is kept."""
     import statistics
 
     import torch
@@ -185,6 +186,9 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
     tok = target.tokenizer
     tok.padding_side = "left"
     texts = [target.render(p[:1], add_generation_prompt=True) for p in prompts]
+    # prompts of median length, as in a middle chunk of the real run (which sorts by length): an
+    # unsorted slice pads every row to its longest prompt and measures padding, or runs out of memory
+    texts.sort(key=lambda t: len(tok(t, add_special_tokens=False).input_ids))
     gen_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, temperature=None,
                   top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
     if cache == "static":
@@ -192,7 +196,8 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
     cuda = str(target.device).startswith("cuda")
     rows = []
     for b in batch_sizes:
-        batch = [texts[i % len(texts)] for i in range(b)]
+        start = max(0, (len(texts) - b) // 2)
+        batch = [texts[(start + i) % len(texts)] for i in range(b)]
         enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
         times = []
         for _ in range(repeats):
@@ -242,7 +247,7 @@ def _bench_generate_cli(args) -> int:
     from draftlab.target import load_target
 
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    rows = load_conversations(args.prompts, limit=max(sizes))
+    rows = load_conversations(args.prompts)  # all: the batches are taken around the median length
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     res = sweep_batch_sizes(target, [r["messages"] for r in rows], sizes, args.new_tokens, args.cache, args.repeats)
     if args.json:

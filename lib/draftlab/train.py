@@ -503,6 +503,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     sched = get_cosine_schedule_with_warmup(opt, max(1, round(cfg.warmup_ratio * total_steps)), total_steps)
 
     step = 0
+    prior_s = 0.0  # training seconds of the calls before a resume (each checkpoint records its total)
     if resume:
         try:
             ck = find_checkpoint(out_dir)
@@ -511,6 +512,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         if ck is not None:
             _check_same_recipe(ck, cfg)
             step = _restore(ck, draft, opt, sched, device)
+            prior_s = float(json.loads((ck / "state.json").read_text()).get("train_elapsed_s", 0.0))
             if is_main:
                 print(f"resumed from {ck} at step {step}/{total_steps}", flush=True)
     logs = Logs(out_dir, step) if is_main else None
@@ -553,6 +555,12 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     bar = tqdm(total=total_steps, initial=step, unit="step", desc=f"train {cfg.arch}", disable=not is_main)
     t0, tok_seen, window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
     last_eval, started = None, step
+
+    def where_now(epoch, j) -> dict:
+        """What a checkpoint records besides the tensors: data position and training seconds so far."""
+        return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": total_steps,
+                "train_elapsed_s": prior_s + time.time() - t0}
+
     if val_ds is not None and step == 0:  # the untrained draft: the baseline of the curves
         last_eval = {"step": 0, **evaluate()}
         if is_main:
@@ -592,14 +600,12 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
             if is_main:
                 logs.log("eval", last_eval)
         if is_main and (step % cfg.save_every == 0 or step == total_steps):
-            save_checkpoint(out_dir, step, draft, opt, sched, cfg, {"epoch": epoch, "batch_in_epoch": j + 1,
-                                                                    "total_steps": total_steps})
+            save_checkpoint(out_dir, step, draft, opt, sched, cfg, where_now(epoch, j))
         if world > 1 and step % cfg.save_every == 0:
             torch.distributed.barrier()
         if cfg.stop_after and step - started >= cfg.stop_after and step < total_steps:
             if is_main:
-                save_checkpoint(out_dir, step, draft, opt, sched, cfg, {"epoch": epoch, "batch_in_epoch": j + 1,
-                                                                        "total_steps": total_steps})
+                save_checkpoint(out_dir, step, draft, opt, sched, cfg, where_now(epoch, j))
             break
     bar.close()
     if last_eval is None and val_ds is not None and step >= total_steps:  # resumed a finished run
@@ -607,7 +613,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     elapsed = time.time() - t0
     result = {"draft": draft, "target": target, "out_dir": out_dir, "steps": step, "total_steps": total_steps,
               "finished": step >= total_steps, "eval": last_eval, "train_stats": train_stats, "val_stats": val_stats,
-              "elapsed_s": elapsed, "hidden_precompute_s": hidden_s, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
+              "elapsed_s": elapsed, "elapsed_total_s": prior_s + elapsed, "resumed_from_step": started if prior_s else None,
+              "hidden_precompute_s": hidden_s, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
               "train_tokens": sum(lengths), "vocab_coverage": coverage(counts, draft_ids), "world": world}
     if is_main:
         (out_dir / "summary.json").write_text(json.dumps({k: v for k, v in result.items()

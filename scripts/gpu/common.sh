@@ -113,23 +113,22 @@ run_until() {  # run "$@" until it ends or the deadline passes; then stop it and
 
 run_stage() {  # run_stage NN [-p KEY VALUE ...]: one notebook of the full profile into $RUN
   local nb=$1; shift
+  local name t_start
+  name=$(basename notebooks/"$nb"_*.py .py)
+  t_start=$(date +%s)
   say "stage $nb: start ($(left) s left in this call)"
   run_until python3 -m draftlab.cli run --profile "$PROFILE" --run-id "$RUN_ID" --results "$RESULTS" "$nb" "$@"
   local rc=$?
   mkdir -p "$RUN/params.d"
   [ -f "$RUN/params.yaml" ] && cp "$RUN/params.yaml" "$RUN/params.d/$nb.yaml"
-  python3 - "$RUN" "$nb" <<'PY'
+  # this call's wall time, a cut call's included (the runner records only calls that finish)
+  python3 - "$RUN/params.d/$nb.seconds.json" "$name" $(( $(date +%s) - t_start )) <<'PY'
 import json, sys
 from pathlib import Path
-run, nb = Path(sys.argv[1]), sys.argv[2]
-m = run / "metrics.json"
-if m.is_file():
-    t = json.loads(m.read_text()).get("_run", {})
-    d = run / "params.d" / f"{nb}.seconds.json"
-    old = json.loads(d.read_text()) if d.is_file() else {}
-    for k, v in t.get("notebook_seconds", {}).items():
-        old[k] = round(old.get(k, 0) + v, 1)  # summed over the calls a stage took
-    d.write_text(json.dumps(old))
+path, name, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+old = json.loads(path.read_text()) if path.is_file() else {}
+old[name] = old.get(name, 0) + seconds
+path.write_text(json.dumps(old))
 PY
   say "stage $nb: exit $rc"
   return $rc

@@ -53,7 +53,7 @@ def merge_params(run: Path) -> None:
     if seconds:
         m = json.loads((run / "metrics.json").read_text())
         m["_run"] = {"notebook_seconds": seconds, "total_seconds": round(sum(seconds.values()), 1),
-                     "note": "summed over the device calls each notebook took (it resumes where it stopped)"}
+                     "note": "wall seconds of every device call each notebook took, calls cut by a deadline included"}
         (run / "metrics.json").write_text(json.dumps(m, indent=2, sort_keys=True))
 
 
@@ -75,7 +75,9 @@ def build_summary(m: dict) -> tuple[dict, dict]:
     e3 = m04.get("eagle3") or {}
     if e3.get("train_stats"):
         s["samples"], src["samples"] = e3["train_stats"]["kept"], "04 eagle3 train_stats.kept"
-    if e3.get("elapsed_s") is not None:
+    if e3.get("elapsed_total_s") is not None:  # summed over the calls a resumed training took
+        s["train_minutes"], src["train_minutes"] = round(e3["elapsed_total_s"] / 60, 2), "04 eagle3 elapsed_total_s / 60"
+    elif e3.get("elapsed_s") is not None:
         s["train_minutes"], src["train_minutes"] = round(e3["elapsed_s"] / 60, 2), "04 eagle3 elapsed_s / 60"
     tok = ((m03.get("splits") or {}).get("train") or {}).get("tok_s")
     if tok is not None:
