@@ -46,6 +46,7 @@ CONCURRENCY = 8  # in-flight requests per server
 REQUEST_TIMEOUT = 300.0  # seconds per request
 MAX_RETRIES = 5  # retries per request (connection errors, 429, 5xx, malformed answers)
 BATCH_SIZE = 1024  # rows per generate call (batch backend)
+BATCH_TOKENS = 0  # padded tokens per generate call at most (batch backend; bounds GPU memory); 0: no limit
 
 # %%
 from draftlab import notebook as nb
@@ -85,7 +86,7 @@ config = rg.RegenConfig(
 )
 out_dir = run.data("regen")
 report = rg.regenerate_splits(inputs, out_dir, config, backend=BACKEND, base_urls=BASE_URLS, target=TARGET,
-                              device=run.device, batch_size=BATCH_SIZE, limits=limits)
+                              device=run.device, batch_size=BATCH_SIZE, batch_tokens=BATCH_TOKENS, limits=limits)
 summary = pd.DataFrame({split: {k: v for k, v in s.items() if not isinstance(v, dict)}
                         for split, s in report["splits"].items()})
 print(f"backend {report['backend']}, servers {report.get('servers')}, server start-up {report['server_startup_s']} s")

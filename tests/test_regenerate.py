@@ -318,3 +318,37 @@ def test_batch_size_sweep_takes_median_length_prompts(one_thread):
     rows = sweep_batch_sizes(target, prompts, [1], new_tokens=2)
     median = target.render(prompts[0], add_generation_prompt=True)
     assert rows[0]["prompt_len_padded"] == len(target.tokenizer(median, add_special_tokens=False).input_ids)
+
+
+def test_plan_batches_equal_runs_within_rows_and_tokens():
+    from draftlab.regen_batch import plan_batches
+
+    # rows only: 10 rows at 4 a batch -> 3 runs of 4, 4, 2 would leave a small tail; equal runs are 4, 3, 3
+    assert [len(r) for r in plan_batches([5] * 10, 4, 0, 8)] == [4, 3, 3]
+    runs = plan_batches(list(range(1, 101)), 64, 2000, 10)  # sorted lengths 1..100, 10 new tokens
+    assert sorted(i for r in runs for i in r) == list(range(100))
+    assert all(len(r) <= 64 and len(r) * (r[-1] + 1 + 10) <= 2000 for r in runs)
+    sizes = [len(r) for r in runs]
+    assert max(sizes) - min(sizes) <= 1  # equal runs, no small tail
+    assert plan_batches([], 8, 100, 4) == []
+
+
+def test_batch_tokens_caps_generate_calls_and_errors_what_cannot_fit(tmp_path, one_thread, monkeypatch):
+    from draftlab import regen_batch
+    from draftlab.target import load_target
+
+    target = load_target("tiny", device="cpu")
+    prompts = [[{"role": "user", "content": "word " * n}] for n in (1, 2, 3, 4, 300)]
+    calls = []
+    real = target.model.generate
+
+    def spy(**kw):
+        calls.append(tuple(kw["input_ids"].shape))
+        return real(**kw)
+
+    monkeypatch.setattr(target.model, "generate", spy)
+    cfg = RegenConfig(max_tokens=4)
+    res = regen_batch.generate_turns(target, prompts, cfg, batch_size=8, batch_tokens=60)
+    assert "exceeds batch_tokens 60" in res[4]["error"]
+    assert all("text" in r for r in res[:4])
+    assert len(calls) >= 2 and all(b * (t + 4) <= 60 for b, t in calls)

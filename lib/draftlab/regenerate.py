@@ -775,7 +775,7 @@ def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
 def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
                       config: RegenConfig, *, backend: str = "server", base_urls=(),
                       target: str = "tiny", device: str = "cpu", dtype=None,
-                      batch_size: int = 1024, limits: dict[str, int] | None = None,
+                      batch_size: int = 1024, batch_tokens: int = 0, limits: dict[str, int] | None = None,
                       progress: bool = True) -> dict:
     """Regenerate each split (e.g. train, val) into OUT/<split>.jsonl, resumably.
 
@@ -815,8 +815,8 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
         for split, split_rows in rows.items():
             work = out_dir / "work" / split
             if backend == "batch":
-                summary = regenerate_batch(split_rows, work, config, target=tgt,
-                                           batch_size=batch_size, input_path=str(inputs[split]),
+                summary = regenerate_batch(split_rows, work, config, target=tgt, batch_size=batch_size,
+                                           batch_tokens=batch_tokens, input_path=str(inputs[split]),
                                            progress=progress, desc=f"regenerate[batch] {split}")
             else:
                 summary = regenerate(split_rows, work, urls, config, input_path=str(inputs[split]),
@@ -958,6 +958,8 @@ def add_regenerate_parser(subparsers) -> None:
     g.add_argument("--device", default="auto", help="auto | cpu | cuda (batch backend, --serve)")
     g.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--batch-size", type=int, default=1024)
+    g.add_argument("--batch-tokens", type=int, default=0,
+                   help="padded tokens (rows x (longest prompt + max tokens)) per generate call at most; 0: no limit")
     g.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
                    help="KV cache of generate; static lets transformers compile the step on CUDA")
     _add_sampling_args(p)
@@ -984,7 +986,7 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
         summary = regenerate_batch(rows, work, config, target=args.target, device=args.device,
                                    dtype=args.dtype, batch_size=args.batch_size,
                                    input_path=args.input, progress=not args.no_progress,
-                                   cache=args.cache)
+                                   cache=args.cache, batch_tokens=args.batch_tokens)
     elif args.serve:
         from draftlab.serve import LocalServer
         from draftlab.target import resolve_device, resolve_path
