@@ -42,6 +42,7 @@ BATCH_TOKENS = 1024  # padded tokens per micro-batch
 MAX_BATCH = 16  # conversations per micro-batch at most
 LR = 1e-3  # AdamW peak learning rate (warmup 1.5%, cosine decay, grad clip 0.5)
 HIDDEN = "offline"  # offline: target states computed once to safetensors shards (shared by both archs); online
+SIDE_BY_SIDE = False  # with HIDDEN online: train the archs at once, one process each (a GPU is mostly idle under one)
 INIT_FROM_TARGET = False  # start lm_head and final norm from the target's rows; measured worse on quick
 EVAL_EVERY = 10  # optimizer steps between validation passes
 SAVE_EVERY = 50  # optimizer steps between checkpoints (and one at the end)
@@ -58,6 +59,7 @@ from draftlab.chat_data import split_holdout
 from draftlab.export import export_draft, validate
 from draftlab.target import load_target
 from draftlab.train import TrainConfig, plot_step_accuracy, plot_training, train
+from draftlab.train_parallel import train_side_by_side
 
 run = nb.start("04_train_draft", globals())
 
@@ -85,17 +87,20 @@ print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_
 # Each export is checked by `draftlab.export.validate` (config.json + safetensors header only).
 
 # %%
+recipe = dict(
+    train_file=str(train_file), val_file=str(val_file), target=TARGET, device=run.device,
+    draft_vocab_size=DRAFT_VOCAB_SIZE, intermediate_size=INTERMEDIATE_SIZE, init_from_target=INIT_FROM_TARGET,
+    max_len=MAX_LEN, overlong=OVERLONG, max_train_samples=TRAIN_SAMPLES, max_val_samples=VAL_SAMPLES, epochs=EPOCHS,
+    batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN,
+    eval_every=EVAL_EVERY, save_every=SAVE_EVERY, log_every=max(1, EVAL_EVERY // 5), seed=SEED,
+)
+configs = {arch: TrainConfig(**recipe, arch=arch, out_dir=str(run.dir / "train" / arch)) for arch in ARCHS}
 results, exports = {}, {}
+if SIDE_BY_SIDE and len(ARCHS) > 1:  # one process per arch on the same device (logs: train/<arch>/train.log)
+    results = train_side_by_side(list(configs.values()), resume=RESUME, target=target)
 for arch in ARCHS:
-    cfg = TrainConfig(
-        train_file=str(train_file), val_file=str(val_file), out_dir=str(run.dir / "train" / arch), target=TARGET,
-        arch=arch, device=run.device, draft_vocab_size=DRAFT_VOCAB_SIZE, intermediate_size=INTERMEDIATE_SIZE,
-        init_from_target=INIT_FROM_TARGET, max_len=MAX_LEN, overlong=OVERLONG, max_train_samples=TRAIN_SAMPLES,
-        max_val_samples=VAL_SAMPLES, epochs=EPOCHS, batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH,
-        ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN, eval_every=EVAL_EVERY, save_every=SAVE_EVERY,
-        log_every=max(1, EVAL_EVERY // 5), seed=SEED,
-    )
-    results[arch] = train(cfg, resume=RESUME, target=target)
+    if arch not in results:  # one after the other, each exported as soon as it is trained
+        results[arch] = train(configs[arch], resume=RESUME, target=target)
     out = run.dir / "drafts" / arch
     export_draft(results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings,
                  dtype=EXPORT_DTYPE)

@@ -157,3 +157,22 @@ def test_offline_precompute_resumes_after_a_crash(fixture_files, tmp_path, tiny_
     with pytest.raises(ValueError, match="other data"):
         OfflineHidden(tmp_path / "a", ds.select(range(3)))
     assert isinstance(full, OfflineHidden)
+
+
+@pytest.mark.slow
+def test_side_by_side_equals_one_after_the_other(fixture_files, tmp_path):
+    """Two archs trained at once in two processes give the weights of in-process training."""
+    from draftlab.train_parallel import train_side_by_side
+
+    cfgs = [small_config(fixture_files, tmp_path / "par" / arch, arch=arch, epochs=1, threads=1)
+            for arch in ("eagle3", "eagle1")]
+    par = train_side_by_side(cfgs, resume=True, poll_s=0.5)
+    for c in cfgs:
+        seq = train(small_config(fixture_files, tmp_path / "seq" / c.arch, arch=c.arch, epochs=1, threads=1))
+        assert par[c.arch]["finished"] and par[c.arch]["steps"] == seq["steps"]
+        a, b = par[c.arch]["draft"].state_dict(), seq["draft"].state_dict()
+        for k in b:
+            assert torch.allclose(a[k].float(), b[k].float(), atol=1e-6), (c.arch, k)
+        assert (tmp_path / "par" / c.arch / "train.log").is_file()
+    with pytest.raises(ValueError, match="online"):
+        train_side_by_side([small_config(fixture_files, tmp_path / "x" / "eagle3", hidden="offline")])

@@ -319,15 +319,17 @@ def find_checkpoint(path) -> Path:
     return ckpts[-1]
 
 
-def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "cpu"):
-    """(draft with trained weights, Target) from a checkpoint, for export or evaluation."""
+def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "cpu", target=None):
+    """(draft with trained weights, Target) from a checkpoint, for export or evaluation; `target`:
+    an already loaded one (its embedding is shared, as in training)."""
     from safetensors.torch import load_file
 
     from draftlab.target import load_target
 
     ck = find_checkpoint(path)
     state = json.loads((ck / "state.json").read_text())
-    target = load_target(target_spec or state["train_config"]["target"], device=device)
+    if target is None:
+        target = load_target(target_spec or state["train_config"]["target"], device=device)
     draft = Eagle3Draft(config_from_dict(state["draft_config"]), target.model.get_input_embeddings())
     draft.load_state_dict(load_file(str(ck / "draft.safetensors")))
     return draft.to(target.device).eval(), target
