@@ -35,6 +35,18 @@ def cli_args(cfg: TrainConfig, resume: bool) -> list[str]:
     return args + (["--resume"] if resume else [])
 
 
+def _die_with_parent() -> None:
+    """Linux: a child gets SIGTERM when the process that started it dies (a notebook kernel killed
+    at a deadline must not leave trainings running on the GPU)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _steps_done(out_dir: Path) -> int:
     csv = out_dir / "train.csv"
     if not csv.is_file():
@@ -73,7 +85,8 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "train.log", "a")
         procs[c.arch] = (subprocess.Popen([sys.executable, "-m", "draftlab.cli", "train", *cli_args(c, resume)],
-                                          stdout=log, stderr=subprocess.STDOUT), log, out)
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None), log, out)
     bar = tqdm(desc="train " + " + ".join(archs), unit="step")
     try:
         while any(p.poll() is None for p, _, _ in procs.values()):
