@@ -146,7 +146,8 @@ def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict) -> str:
     fmt = lambda v: "not measured" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")  # noqa: E731
     lines = ["# Reference run: the embedded target on one H200", "",
              "Full profile (`params/full.yaml`), run with `scripts/gpu/step.sh` on one NVIDIA H200; every number "
-             "below is read from `metrics.json` (`summary.json` says from which notebook and row).", "",
+             "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "
+             "marked override, which comes with its derivation from `summary_overrides.json`.", "",
              "| key | value | source |", "|---|---|---|"]
     lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in KEYS]
     if (run / "run_notes.md").is_file():  # what happened in this run that the numbers alone do not say
