@@ -1,0 +1,47 @@
+"""scripts/gpu/summary.py: headline keys from metrics.json, null when unmeasured, overrides only with a source."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "summary.py"
+
+
+@pytest.fixture(scope="module")
+def summary():
+    spec = importlib.util.spec_from_file_location("gpu_summary", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def metrics():
+    row = {"arch": "eagle3", "S": 6, "K": 1, "D": 7, "mode": "EAGLE3", "eval_set": "blend", "samples": 4,
+           "acceptance_length": 2.5, "speedup": 1.4, "lossless": "4/4", "dtype": "float32"}
+    return {
+        "03_regenerate": {"splits": {"train": {"tok_s": 1000.0}}},
+        "04_train_draft": {"eagle3": {"train_stats": {"kept": 10}, "elapsed_s": 30.0, "elapsed_total_s": 90.0}},
+        "06_benchmark_acceptance": {"eval_sets": {"blend": 4}, "by_set": [row], "by_chain": [],
+                                    "wrong_mode": [{**row, "mode": "EAGLE", "acceptance_length": 1.01}]},
+    }
+
+
+def test_keys_come_from_metrics_and_missing_ones_are_null(summary):
+    s, src = summary.build_summary(metrics())
+    assert s["samples"] == 10 and s["regeneration_tok_s"] == 1000.0
+    assert s["train_minutes"] == 1.5 and "elapsed_total_s" in src["train_minutes"]  # summed over resumed calls
+    assert s["eagle3_acceptance_s6_heldout"] == 2.5 and s["eagle3_wrong_flag_acceptance"] == 1.01
+    assert s["speedup_batch1"] == 1.4
+    assert s["eagle1_acceptance_s6_heldout"] is None and s["eagle3_acceptance_s6_humaneval"] is None
+
+
+def test_overrides_need_a_source(summary, tmp_path):
+    s, src = summary.build_summary(metrics())
+    (tmp_path / "summary_overrides.json").write_text(json.dumps({"train_minutes": {"value": 2.0, "source": "log"}}))
+    summary.apply_overrides(tmp_path, s, src)
+    assert s["train_minutes"] == 2.0 and src["train_minutes"].startswith("override")
+    (tmp_path / "summary_overrides.json").write_text(json.dumps({"train_minutes": {"value": 2.0}}))
+    with pytest.raises(SystemExit, match="source"):
+        summary.apply_overrides(tmp_path, s, src)
