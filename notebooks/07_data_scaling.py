@@ -41,6 +41,7 @@ MAX_BATCH = 8  # conversations per micro-batch at most
 LR = 0.001  # AdamW peak learning rate (warmup, cosine decay)
 INTERMEDIATE_SIZE = 0  # draft MLP width; 0 for the target's
 HIDDEN = "online"  # online: target forward in every step | offline: each subset's states stored once for both archs
+SIDE_BY_SIDE = False  # with HIDDEN online: train a subset's archs at once, one process each (as notebook 04)
 CHECKPOINT_EVERY = 100  # training steps between checkpoints (a killed run resumes from the last)
 VAL_SAMPLES = 4  # held-out conversations for the simulated acceptance length
 SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 skips it
@@ -73,7 +74,8 @@ settings, recipe_notes = scaling.study_settings(
     run.dir, from_04=RECIPE_FROM_04, archs=ARCHS, epochs=EPOCHS, draft_vocab_size=DRAFT_VOCAB_SIZE, max_len=MAX_LEN,
     ttt_steps=TTT_STEPS, batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, lr=LR, checkpoint_every=CHECKPOINT_EVERY,
     val_samples=VAL_SAMPLES, spec_prompts=SPEC_PROMPTS, spec_steps=SPEC_STEPS, spec_max_new_tokens=SPEC_MAX_NEW_TOKENS,
-    time_budget_s=TIME_BUDGET_S, seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN)
+    time_budget_s=TIME_BUDGET_S, seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN,
+    side_by_side=SIDE_BY_SIDE)
 print(f"training rows available: {plan.available:,}; subsets: {plan.sizes}; held-out: {plan.val_file}")
 print(f"recipe: {settings.train}")
 for note in plan.notes + recipe_notes:

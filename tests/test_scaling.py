@@ -156,6 +156,24 @@ def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
     assert len(keys) == 2
 
 
+def test_side_by_side_study_measures_what_the_sequential_one_does(tmp_path, tiny_target):
+    """A subset's two archs trained at once (two processes) give the same drafts and figures."""
+    _regen_dir(tmp_path, 16, 4)
+    rows = {}
+    for mode in (False, True):
+        plan = scaling.prepare(tmp_path, tmp_path / f"scaling-{mode}", [4])
+        settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, side_by_side=mode)
+        out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / f"scaling-{mode}", settings,
+                                progress=False)
+        rows[mode] = {r["arch"]: r for r in out["results"]}
+    assert set(rows[True]) == {"eagle3", "eagle1"}
+    for arch, r in rows[True].items():
+        assert r["side_by_side"] and not rows[False][arch]["side_by_side"]
+        assert r["steps"] == rows[False][arch]["steps"]
+        assert r["sim_accept_len"] == pytest.approx(rows[False][arch]["sim_accept_len"], abs=1e-6)
+        assert r["acc"] == pytest.approx(rows[False][arch]["acc"], abs=1e-6)
+
+
 def test_time_budget_defers_the_rest(tmp_path, tiny_target):
     _regen_dir(tmp_path, 24, 4)
     plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 16])

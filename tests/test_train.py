@@ -176,3 +176,18 @@ def test_side_by_side_equals_one_after_the_other(fixture_files, tmp_path):
         assert (tmp_path / "par" / c.arch / "train.log").is_file()
     with pytest.raises(ValueError, match="online"):
         train_side_by_side([small_config(fixture_files, tmp_path / "x" / "eagle3", hidden="offline")])
+
+
+def test_checkpoint_draft_reads_the_layers_it_was_trained_on(fixture_files, tmp_path):
+    """A checkpoint stores the in-memory config (hidden_states indices): loading it must not read
+    them as SGLang's exported ids (+1), or every layer shifts by one, silently."""
+    from draftlab.export import export_draft, validate
+    from draftlab.train import load_checkpoint_draft
+
+    r = train(small_config(fixture_files, tmp_path / "eagle3", epochs=1, stop_after=1))
+    draft, target = load_checkpoint_draft(tmp_path / "eagle3", device="cpu")
+    assert draft.capture_layers == r["draft"].capture_layers == target.capture_layers
+    for k, v in r["draft"].state_dict().items():
+        assert torch.equal(v, draft.state_dict()[k]), k
+    export_draft(draft, tmp_path / "export")
+    assert validate(tmp_path / "export", target) == []

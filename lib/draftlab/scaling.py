@@ -307,6 +307,7 @@ class StudySettings:
     spec_max_new_tokens: int = 128
     time_budget_s: float = 0.0  # 0: no limit; else stop before a subset that would not fit
     seed: int = 0
+    side_by_side: bool = False  # train a subset's archs at once, one process each (hidden online)
 
     def eval_settings(self) -> dict:
         return {"val_samples": self.val_samples, "spec_prompts": self.spec_prompts, "spec_steps": self.spec_steps,
@@ -316,7 +317,7 @@ class StudySettings:
 def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, max_len, ttt_steps, batch_tokens,
                    max_batch, lr, checkpoint_every, val_samples, spec_prompts, spec_steps, spec_max_new_tokens,
                    time_budget_s, seed, threads: int = 2, intermediate_size: int = 0,
-                   hidden: str = "online") -> tuple[StudySettings, list[str]]:
+                   hidden: str = "online", side_by_side: bool = False) -> tuple[StudySettings, list[str]]:
     """The notebook's parameters as StudySettings; with from_04 the recipe is notebook 04's own (its
     checkpoint's TrainConfig), so that 04's drafts are the study's largest points."""
     train = {"epochs": float(epochs), "draft_vocab_size": int(draft_vocab_size), "max_len": int(max_len),
@@ -337,7 +338,8 @@ def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, m
     return StudySettings(archs=list(archs), train=train, hidden=hidden, val_samples=int(val_samples),
                          spec_prompts=int(spec_prompts),
                          spec_steps=int(spec_steps), spec_max_new_tokens=int(spec_max_new_tokens),
-                         time_budget_s=float(time_budget_s), seed=int(seed)), notes
+                         time_budget_s=float(time_budget_s), seed=int(seed),
+                         side_by_side=bool(side_by_side) and hidden == "online"), notes
 
 
 def work_items(plan: StudyPlan, settings: StudySettings) -> list[tuple[str, int]]:
@@ -400,39 +402,60 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         _free_cuda()
         return row
 
-    for arch, n in work_items(plan, settings):
+    def subset_config(arch, n):
+        """(TrainConfig, folder) of one subset; one folder per recipe (train.py refuses to resume a
+        checkpoint made with other settings)."""
+        sub = out / arch / f"n{n}-{settings_key(arch, n, {**settings.train, 'train_file_rows': plan.available}, {})}"
+        cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
+                                     "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
+                                     "device": device, "max_train_samples": n, "hidden": settings.hidden,
+                                     "hidden_dir": str(out / "hidden" / f"n{n}"), "seed": settings.seed})
+        return cfg, sub
+
+    items = work_items(plan, settings)
+    trained_together: dict = {}  # (arch, n) -> result of a side-by-side training, not yet measured
+    for arch, n in items:
         key = settings_key(arch, n, {**settings.train, "train_file_rows": plan.available}, ev)
         if key in have:
             continue
         elapsed = time.monotonic() - t_start
         guess = sec_per_sample.get(arch, 0.0) * n
         # with no measurement yet (guess 0) a subset runs anyway: a killed one resumes from its checkpoints
-        if settings.time_budget_s and (ran or guess) and elapsed + guess > settings.time_budget_s:
+        if ((arch, n) not in trained_together and settings.time_budget_s and (ran or guess)
+                and elapsed + guess > settings.time_budget_s):
             deferred.append((arch, n))
             continue
-        # one folder per recipe: train.py refuses to resume a checkpoint made with other settings
-        sub = out / arch / f"n{n}-{settings_key(arch, n, {**settings.train, 'train_file_rows': plan.available}, {})}"
+        cfg, sub = subset_config(arch, n)
         t0 = time.monotonic()
-        cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
-                                     "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
-                                     "device": device, "max_train_samples": n, "hidden": settings.hidden,
-                                     "hidden_dir": str(out / "hidden" / f"n{n}"), "seed": settings.seed})
-        res = train(cfg, resume=True, target=target)
+        if settings.side_by_side and (arch, n) not in trained_together:
+            group = [a for a, m in items if m == n and settings_key(
+                a, m, {**settings.train, "train_file_rows": plan.available}, ev) not in have]
+            if len(group) > 1:
+                from draftlab.train_parallel import train_side_by_side
+
+                together = train_side_by_side([subset_config(a, n)[0] for a in group], resume=True, target=target)
+                trained_together.update({(a, n): (together[a], time.monotonic() - t0) for a in group})
+        together = (arch, n) in trained_together
+        if together:
+            res, train_s = trained_together.pop((arch, n))  # the group's wall time, shared
+        else:
+            res = train(cfg, resume=True, target=target)
+            train_s = time.monotonic() - t0
+        t_trained = time.monotonic()
         if not res["finished"]:
             deferred.append((arch, n))
             continue
         draft_dir = sub / "draft"
         export_draft(res["draft"], draft_dir, max_position_embeddings=target.max_position_embeddings)
-        train_s = time.monotonic() - t0
         kept = res["train_stats"]["kept"]  # rows actually trained on (tokenisation may drop some)
-        extra = {"key": key, "n_requested": n, "train_s": round(train_s, 2), "train_tokens": res["train_tokens"],
-                 "train_rows": kept, "steps": res["steps"],
+        extra = {"key": key, "n_requested": n, "train_s": round(train_s, 2), "side_by_side": together,
+                 "train_tokens": res["train_tokens"], "train_rows": kept, "steps": res["steps"],
                  "train_tokens_per_s": res["tokens_per_s"], "vocab_coverage": res["vocab_coverage"],
                  "draft_dir": str(draft_dir)}
         del res
         _free_cuda()
         row = measure(arch, kept, draft_dir, "scaling", extra)
-        row["wall_s"] = round(time.monotonic() - t0, 2)
+        row["wall_s"] = round(train_s + time.monotonic() - t_trained, 2)
         append_jsonl(results_path, [row])
         sec_per_sample[arch] = row["wall_s"] / max(n, 1)
         ran.append((arch, n))

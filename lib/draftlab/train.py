@@ -330,7 +330,13 @@ def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "c
     state = json.loads((ck / "state.json").read_text())
     if target is None:
         target = load_target(target_spec or state["train_config"]["target"], device=device)
-    draft = Eagle3Draft(config_from_dict(state["draft_config"]), target.model.get_input_embeddings())
+    dc = dict(state["draft_config"])
+    ids = (dc.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if "draftlab" not in dc and ids is not None:
+        # a checkpoint holds the in-memory config, whose ids are already hidden_states indices: say so,
+        # or config_from_dict reads them as SGLang's exported ids and shifts every layer by one
+        dc["draftlab"] = {"capture_layers": ids}
+    draft = Eagle3Draft(config_from_dict(dc), target.model.get_input_embeddings())
     draft.load_state_dict(load_file(str(ck / "draft.safetensors")))
     return draft.to(target.device).eval(), target
 
