@@ -402,6 +402,10 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         _free_cuda()
         return row
 
+    def item_key(arch, n):
+        """The result key of a subset trained with this study's recipe and evaluation."""
+        return settings_key(arch, n, {**settings.train, "train_file_rows": plan.available}, ev)
+
     def subset_config(arch, n):
         """(TrainConfig, folder) of one subset; one folder per recipe (train.py refuses to resume a
         checkpoint made with other settings)."""
@@ -415,7 +419,7 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
     items = work_items(plan, settings)
     trained_together: dict = {}  # (arch, n) -> result of a side-by-side training, not yet measured
     for arch, n in items:
-        key = settings_key(arch, n, {**settings.train, "train_file_rows": plan.available}, ev)
+        key = item_key(arch, n)
         if key in have:
             continue
         elapsed = time.monotonic() - t_start
@@ -428,8 +432,7 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         cfg, sub = subset_config(arch, n)
         t0 = time.monotonic()
         if settings.side_by_side and (arch, n) not in trained_together:
-            group = [a for a, m in items if m == n and settings_key(
-                a, m, {**settings.train, "train_file_rows": plan.available}, ev) not in have]
+            group = [a for a, m in items if m == n and item_key(a, m) not in have]
             if len(group) > 1:
                 from draftlab.train_parallel import train_side_by_side
 
@@ -469,8 +472,7 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
                       {"key": key, "draft_dir": str(point["draft_dir"]), **point.get("meta", {})})
         append_jsonl(results_path, [row])
 
-    keys = {settings_key(a, n, {**settings.train, "train_file_rows": plan.available}, ev) for a, n in
-            work_items(plan, settings)}
+    keys = {item_key(a, n) for a, n in items}
     keys |= {settings_key(p["arch"], p["n"], {"draft_dir": str(p["draft_dir"]), "source": p["source"]}, ev)
              for p in extra_points or []}
     rows = [r for r in load_results(results_path) if r["key"] in keys]

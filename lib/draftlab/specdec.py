@@ -30,6 +30,7 @@ import json
 import math
 import time
 import warnings
+import weakref
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -665,19 +666,21 @@ def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bo
                                 disable=not progress)]
 
 
-_GRAPHS_CHECKED: set = set()  # (target, draft) pairs whose graph replay matched eager decoding
+# drafts (or targets, when no draft) whose graph replay matched eager decoding; weak, so that a
+# freed draft's id reused by a new one cannot skip the new one's check
+_GRAPHS_CHECKED: weakref.WeakSet = weakref.WeakSet()
 
 
 def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int]) -> SpecEngine:
     """An engine with its CUDA graphs captured, or an eager one when capture fails.
 
-    The first engine of each (target, draft) pair also decodes `probe` greedily both ways and
+    The first engine of each draft also decodes `probe` greedily both ways and
     falls back to eager if the replay differs, so a broken graph costs speed, never correctness;
     the reason is kept in `engine.graph_error` and reported with the results."""
     engine = SpecEngine(target, draft, config, max_len=max_len)
     if not engine.use_graphs:
         return engine
-    key = (id(target), id(draft))
+    key = draft if draft is not None else target.model
     try:
         engine.capture()
         if key not in _GRAPHS_CHECKED:

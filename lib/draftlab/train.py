@@ -621,7 +621,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     elapsed = time.time() - t0
     result = {"draft": draft, "target": target, "out_dir": out_dir, "steps": step, "total_steps": total_steps,
               "finished": step >= total_steps, "eval": last_eval, "train_stats": train_stats, "val_stats": val_stats,
-              "elapsed_s": elapsed, "elapsed_total_s": prior_s + elapsed, "resumed_from_step": started if prior_s else None,
+              "elapsed_s": elapsed, "elapsed_total_s": prior_s + elapsed, "resumed_from_step": started or None,
               "hidden_precompute_s": hidden_s, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
               "train_tokens": sum(lengths), "vocab_coverage": coverage(counts, draft_ids), "world": world}
     if is_main:

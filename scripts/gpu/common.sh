@@ -181,25 +181,25 @@ run_pending() {  # run the stages not done yet, in order, until the deadline
 # ---- extra benchmarks (issues 4 and 5), each once per run: $RUN/bench/<name>.json -----------------
 bench_done() { [ -s "$RUN/bench/$1.json" ]; }
 
-bench_generate_sweep() {  # issue 4: batch backend output tok/s by batch size (before 03, GPU otherwise idle)
-  bench_done generate_sweep && return 0
-  [ -f "$RUN/data/blend/train.jsonl" ] || { say "sweep: no blend yet, skipped"; return 0; }
+bench_generate() {  # bench_generate NAME CACHE SIZES: issue 4, batch backend output tok/s by batch size
+  local name=$1 cache=$2 sizes=$3
+  bench_done "$name" && return 0
+  [ -f "$RUN/data/blend/train.jsonl" ] || { say "$name: no blend yet, skipped"; return 0; }
   mkdir -p "$RUN/bench"
-  say "bench: generate sweep ${SWEEP_SIZES:-1024,2048,4096,8192} x ${SWEEP_NEW:-64} new tokens"
+  say "bench: $name, $cache cache, batch sizes $sizes x ${SWEEP_NEW:-64} new tokens"
   timeout "${SWEEP_TIMEOUT:-150}" python3 -m draftlab.cli bench generate "$RUN/data/blend/train.jsonl" --device cuda \
-    --batch-sizes "${SWEEP_SIZES:-1024,2048,4096,8192}" --new-tokens "${SWEEP_NEW:-64}" \
-    --json "$RUN/bench/generate_sweep.json.tmp" && mv "$RUN/bench/generate_sweep.json.tmp" "$RUN/bench/generate_sweep.json"
-  say "bench: generate sweep exit $?"
+    --cache "$cache" --batch-sizes "$sizes" --new-tokens "${SWEEP_NEW:-64}" \
+    --json "$RUN/bench/$name.json.tmp" && mv "$RUN/bench/$name.json.tmp" "$RUN/bench/$name.json"
+  say "bench: $name exit $?"
 }
 
-bench_generate_static() {  # issue 4: the same with a static KV cache (transformers may compile the step)
-  bench_done generate_static && return 0
+bench_generate_sweep() {  # before 03, while the GPU has nothing else to do
+  bench_generate generate_sweep dynamic "${SWEEP_SIZES:-1024,2048,4096,8192}"
+}
+
+bench_generate_static() {  # the same with a static KV cache (transformers may compile the step)
   [ "$(left)" -gt 200 ] || { say "static-cache sweep: not enough time left, skipped"; return 0; }
-  mkdir -p "$RUN/bench"
-  timeout 150 python3 -m draftlab.cli bench generate "$RUN/data/blend/train.jsonl" --device cuda --cache static \
-    --batch-sizes "${STATIC_SIZES:-1024,4096}" --new-tokens "${SWEEP_NEW:-64}" \
-    --json "$RUN/bench/generate_static.json.tmp" && mv "$RUN/bench/generate_static.json.tmp" "$RUN/bench/generate_static.json"
-  say "bench: static-cache sweep exit $?"
+  bench_generate generate_static static "${STATIC_SIZES:-1024,4096}"
 }
 
 bench_train_offline() {  # issue 5: offline hidden states: precompute time, shard size, train tok/s
