@@ -97,7 +97,10 @@ recipe = dict(
 configs = {arch: TrainConfig(**recipe, arch=arch, out_dir=str(run.dir / "train" / arch)) for arch in ARCHS}
 results, exports = {}, {}
 if SIDE_BY_SIDE and len(ARCHS) > 1:  # one process per arch on the same device (logs: train/<arch>/train.log)
-    results = train_side_by_side(list(configs.values()), resume=RESUME, target=target)
+    try:
+        results = train_side_by_side(list(configs.values()), resume=RESUME, target=target)
+    except RuntimeError as exc:  # one after the other below (RESUME picks up their checkpoints)
+        print(f"side-by-side training failed; training one after the other: {str(exc)[:1500]}")
 for arch in ARCHS:
     if arch not in results:  # one after the other, each exported as soon as it is trained
         results[arch] = train(configs[arch], resume=RESUME, target=target)

@@ -117,6 +117,28 @@ def test_offline_equals_online_and_eagle1(fixture_files, tmp_path):
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
 
 
+@pytest.mark.slow
+def test_rounded_batch_length_trains_the_same_draft(fixture_files, tmp_path):
+    """pad_multiple only adds masked padding columns (fewer distinct shapes on a GPU): same weights,
+    online and offline."""
+    from draftlab.target import load_target
+    from draftlab.train import collate
+
+    ds = [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}, {"input_ids": [4, 5], "loss_mask": [0, 1]}]
+    rows = {"input_ids": [r["input_ids"] for r in ds], "loss_mask": [r["loss_mask"] for r in ds]}
+    ids, valid, loss = collate(type("D", (), {"__getitem__": lambda self, i: rows})(), [0, 1], 0, multiple=8)
+    assert ids.shape == (2, 8) and valid.sum() == 5 and loss.sum() == 3 and not valid[:, 3:].any()
+    for hidden in ("online", "offline"):
+        one = train(small_config(fixture_files, tmp_path / hidden / "p1" / "eagle3", epochs=1, stop_after=3,
+                                 hidden=hidden, pad_multiple=1))
+        wide = train(small_config(fixture_files, tmp_path / hidden / "p16" / "eagle3", epochs=1, stop_after=3,
+                                  hidden=hidden, pad_multiple=16))
+        for k, v in one["draft"].state_dict().items():
+            assert torch.allclose(v.float(), wide["draft"].state_dict()[k].float(), atol=1e-5), (hidden, k)
+    with pytest.raises(ValueError, match="attention"):
+        train(small_config(fixture_files, tmp_path / "bad" / "eagle3", attention="fastest"), target=load_target("tiny", device="cpu"))
+
+
 @pytest.mark.gpu
 def test_gpu_bf16_online_and_offline(fixture_files, tmp_path):
     """The GPU path: bf16 autocast, activation-checkpointed head, online and offline states."""

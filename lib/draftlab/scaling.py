@@ -436,8 +436,11 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
             if len(group) > 1:
                 from draftlab.train_parallel import train_side_by_side
 
-                together = train_side_by_side([subset_config(a, n)[0] for a in group], resume=True, target=target)
-                trained_together.update({(a, n): (together[a], time.monotonic() - t0) for a in group})
+                try:
+                    together = train_side_by_side([subset_config(a, n)[0] for a in group], resume=True, target=target)
+                    trained_together.update({(a, n): (together[a], time.monotonic() - t0) for a in group})
+                except RuntimeError as exc:  # one after the other instead, resuming their checkpoints
+                    print(f"side-by-side training failed; training one after the other: {str(exc)[:1500]}")
         together = (arch, n) in trained_together
         if together:
             res, train_s = trained_together.pop((arch, n))  # the group's wall time, shared

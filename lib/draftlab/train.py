@@ -69,6 +69,8 @@ class TrainConfig:
     stop_after: int = 0  # stop after this many steps in this call (simulated crash / time box); 0: run to the end
     seed: int = 0
     threads: int = 2  # torch threads on CPU
+    pad_multiple: int = 0  # batch length rounded up to this; 0: 64 on CUDA, 1 on CPU
+    attention: str = "auto"  # SDPA kernel for the draft: auto (torch's choice) | cudnn | efficient | flash | math
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -125,10 +127,14 @@ def epoch_plans(lengths, cfg: TrainConfig, per_step: int):
     return plans
 
 
-def collate(dataset, indices, pad_id: int):
-    """-> input_ids [B,L], valid [B,L] bool, loss_mask [B,L] bool (right padding)."""
+def collate(dataset, indices, pad_id: int, multiple: int = 1):
+    """-> input_ids [B,L], valid [B,L] bool, loss_mask [B,L] bool (right padding).
+
+    L is the longest row rounded up to `multiple`: on a GPU every new (B, L) shape costs kernel
+    plans (cuDNN attention builds one per shape), so few distinct lengths train faster."""
     rows = dataset[indices] if not isinstance(indices, int) else dataset[[indices]]
     longest = max(len(r) for r in rows["input_ids"])
+    longest = -(-longest // multiple) * multiple
     b = len(indices)
     ids = torch.full((b, longest), pad_id, dtype=torch.int64)
     valid = torch.zeros(b, longest, dtype=torch.bool)
@@ -138,6 +144,20 @@ def collate(dataset, indices, pad_id: int):
         valid[r, : len(x)] = True
         loss[r, : len(x)] = torch.tensor(m, dtype=torch.bool)
     return ids, valid, loss
+
+
+ATTENTION_KERNELS = ("auto", "cudnn", "efficient", "flash", "math")
+
+
+def attention_kernel(name: str):
+    """Pin the draft's scaled_dot_product_attention to one kernel ("auto": torch chooses)."""
+    if name == "auto":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[name]
+    return sdpa_kernel([backend])
 
 
 # ---- the TTT objective -----------------------------------------------------------------------
@@ -410,6 +430,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
     if cfg.hidden not in ("online", "offline"):
         raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
+    if cfg.attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
     world, rank, local_rank = dist_info()
     device = resolve_device(cfg.device)
     if world > 1:
@@ -436,6 +458,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     def amp():
         """A fresh bf16 autocast context on CUDA (one object must not be entered twice, nested)."""
         return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
+
+    pad_multiple = cfg.pad_multiple or (64 if device.startswith("cuda") else 1)
 
 
     # data (rank 0 tokenises and caches first, the others read the cache)
@@ -529,7 +553,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     dids = draft.draft_ids()
 
     def batch_tensors(indices, feature_fn):
-        ids, valid, loss_mask = collate(train_ds if feature_fn is feats else val_ds, indices, pad_id)
+        ids, valid, loss_mask = collate(train_ds if feature_fn is feats else val_ds, indices, pad_id, pad_multiple)
         f, last = feature_fn(indices, ids, valid, device)
         ids, valid, loss_mask = ids.to(device), valid.to(device), loss_mask.to(device)
         with amp():
@@ -541,7 +565,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         draft.eval()
         stats = torch.zeros(cfg.ttt_steps, 4, device=device)
         vplan = plan_epoch([len(x) for x in val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
-        with torch.no_grad(), amp():
+        with torch.no_grad(), amp(), attention_kernel(cfg.attention):
             for b in vplan[rank::world]:
                 stats += objective(*batch_tensors(b, feats_val))[1].float()
         _all_reduce(stats)
@@ -581,8 +605,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         step_stats = torch.zeros(cfg.ttt_steps, 4, device=device)
         for a, b in enumerate(mine):
             sync = model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
-            tensors = batch_tensors(b, feats)
-            with sync:  # forward and backward inside one no_sync (a context usable once)
+            with sync, attention_kernel(cfg.attention):  # forward and backward inside one no_sync (usable once)
+                tensors = batch_tensors(b, feats)
                 with amp():
                     loss, stats = model(*tensors)
                 (loss / cfg.grad_accum).backward()
@@ -632,7 +656,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
 
 # Settings that may change between a run and its resumption (they do not change the result).
 RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
-               "hidden", "hidden_dir", "max_val_samples", "val_file")
+               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention")
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
@@ -664,7 +688,8 @@ def _restore(ck: Path, draft, opt, sched, device) -> int:
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
     ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
-    choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"]}
+    choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"],
+               "attention": list(ATTENTION_KERNELS)}
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
