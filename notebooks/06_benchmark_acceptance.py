@@ -39,6 +39,7 @@ MAIN_STEPS = 3  # chain length S for the per-set comparison
 CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
 CHAIN_ARCHS = ["eagle3", "eagle1"]  # drafts swept over CHAIN_STEPS
 TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
+FAST_DTYPE = ""  # also sweep CHAIN_STEPS with the first arch in this dtype (bfloat16: ~2x faster on a GPU, exact only up to near-ties); "" skips
 WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
 LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
 LIVE_SPEC_URLS = {}  # optional: {label: url} of speculative SGLang servers
@@ -130,6 +131,30 @@ fig = specdec_report.plot_acceptance_by_chain(chain)
 nb.save_figure(run, fig, "acceptance_by_chain")
 specdec_report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
 
+# %% [markdown]
+# The same sweep in `FAST_DTYPE` (when set): on a GPU a bf16 target step costs about half an fp32
+# one, so the speedups here are the ones a bf16 deployment would see. Greedy decoding is rerun in
+# that dtype; `lossless` there compares bf16 with bf16, and a verify of S + 1 tokens can still
+# flip a near-tie that one-token decoding would not.
+
+# %%
+fast = []
+if FAST_DTYPE and FAST_DTYPE != DTYPE:
+    fast_target = load_target(TARGET, device=run.device, dtype=FAST_DTYPE)
+    fast_draft = load_draft(run.dir / "drafts" / CHAIN_ARCHS[0], fast_target)
+    fast_greedy = None
+    for s in CHAIN_STEPS:
+        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
+        res = specdec.compare(fast_target, fast_draft, sets[first], cfg, eval_set=first, greedy_results=fast_greedy,
+                              warmup=0 if fast_greedy else 1)
+        fast_greedy = res["_greedy_results"]
+        fast.append({**specdec.public(res), "arch": CHAIN_ARCHS[0]})
+    del fast_target, fast_draft
+    fig = specdec_report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
+    nb.save_figure(run, fig, "speedup_by_chain_dtypes")
+specdec_report.table(fast)[["arch", "dtype", "S", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup", "lossless"]] \
+    if fast else "skipped"
+
 # %%
 fig = specdec_report.plot_acceptance_by_set(main + wrong)
 nb.save_figure(run, fig, "acceptance_by_set")
@@ -208,6 +233,7 @@ nb.save_metrics(run, {
     "by_set": specdec_report.table(main).to_dict(orient="records"),
     "wrong_mode": specdec_report.table(wrong).to_dict(orient="records") if wrong else None,
     "by_chain": specdec_report.table(chain).to_dict(orient="records"),
+    "by_chain_fast_dtype": specdec_report.table(fast).to_dict(orient="records") if fast else None,
     "tree": specdec_report.table(tree).to_dict(orient="records") if tree else None,
     "position_acceptance": {f"{r['arch']} {r['eval_set']}": r["speculative"]["position_acceptance"] for r in main},
     "accept_histogram": {f"{r['arch']} {r['eval_set']}": r["speculative"]["accept_histogram"] for r in main},

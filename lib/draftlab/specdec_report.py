@@ -72,6 +72,23 @@ def plot_acceptance_by_chain(rows: list[dict]):
     return fig
 
 
+def plot_speedup_by_chain(rows: list[dict]):
+    """Measured speedup over greedy decoding in the same engine and dtype, against chain length S."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key in dict.fromkeys((r["eval_set"], r.get("arch", ""), r["dtype"]) for r in rows):
+        pts = sorted((r["num_steps"], r["speedup"]) for r in rows if (r["eval_set"], r.get("arch", ""), r["dtype"]) == key)
+        n = next(r["samples"] for r in rows if r["eval_set"] == key[0])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[1]} ({key[2]}) on {key[0]} (n={n})")
+    ax.axhline(1.0, color="grey", ls=":", label="greedy decoding")
+    ax.set_xlabel("chain length S (draft steps)")
+    ax.set_ylabel("speedup over greedy (same engine, dtype)")
+    ax.set_title("batch-1 speedup by chain length")
+    ax.legend(fontsize=7)
+    return fig
+
+
 def plot_position_acceptance(rows: list[dict]):
     """Per-position conditional acceptance a_i = P(token i accepted | tokens < i accepted)."""
     import matplotlib.pyplot as plt

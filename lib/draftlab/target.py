@@ -304,6 +304,20 @@ def load_tokenizer(spec: str = "embedded"):
     return tokenizer
 
 
+def avoid_cudnn_attention() -> None:
+    """Keep scaled_dot_product_attention off cuDNN's kernel (flash, memory-efficient and math stay).
+
+    cuDNN builds an execution plan for every new input shape, and training batches change shape
+    almost every step: on the H200 the real training loop ran 13.8K tok/s with torch's default
+    choice (cuDNN) and 75.6K tok/s with the memory-efficient kernel
+    (scripts/gpu/bench_train_shapes.py; LOG.md, 2026-11-30). DRAFTLAB_CUDNN_SDPA=1 keeps it on,
+    to measure both ways."""
+    import torch
+
+    if os.environ.get("DRAFTLAB_CUDNN_SDPA") != "1":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_target(spec: str = "embedded", device: str = "auto", dtype=None) -> Target:
     """Load a target by spec on CUDA (bf16) or CPU (fp32) unless dtype says otherwise."""
     import torch
@@ -311,6 +325,8 @@ def load_target(spec: str = "embedded", device: str = "auto", dtype=None) -> Tar
 
     path = resolve_path(spec)
     device = resolve_device(device)
+    if device.startswith("cuda"):
+        avoid_cudnn_attention()
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     elif isinstance(dtype, str):

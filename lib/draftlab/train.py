@@ -70,7 +70,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 0  # batch length rounded up to this; 0: 64 on CUDA, 1 on CPU
-    attention: str = "auto"  # SDPA kernel for the draft: auto (torch's choice) | cudnn | efficient | flash | math
+    attention: str = "auto"  # SDPA kernel: auto (torch's choice, cuDNN's off on CUDA) | cudnn | efficient | flash | math
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -150,7 +150,7 @@ ATTENTION_KERNELS = ("auto", "cudnn", "efficient", "flash", "math")
 
 
 def attention_kernel(name: str):
-    """Pin the draft's scaled_dot_product_attention to one kernel ("auto": torch chooses)."""
+    """Pin scaled_dot_product_attention in a training step to one kernel ("auto": torch chooses)."""
     if name == "auto":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -423,9 +423,10 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     """
     from draftlab.chat_data import load_tokenized
     from draftlab.hidden import OfflineHidden, precompute_hidden
-    from draftlab.target import load_target, resolve_device
+    from draftlab.target import avoid_cudnn_attention, load_target, resolve_device
     from draftlab.vocab import build_draft_vocab, coverage, save_vocab, token_counts
 
+    t_setup = time.time()
     if cfg.arch not in ("eagle3", "eagle1"):
         raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
     if cfg.hidden not in ("online", "offline"):
@@ -460,6 +461,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
 
     pad_multiple = cfg.pad_multiple or (64 if device.startswith("cuda") else 1)
+    if device.startswith("cuda"):
+        avoid_cudnn_attention()  # also when the caller built the target itself
 
 
     # data (rank 0 tokenises and caches first, the others read the cache)
@@ -580,7 +583,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         n_params = sum(p.numel() for p in params)
         print(f"train {cfg.arch}: {len(lengths)} conversations ({train_stats}), {sum(lengths):,} tokens, "
               f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(counts, draft_ids):.3f}, "
-              f"{total_steps} steps x {per_step} micro-batches, world {world}, device {device}", flush=True)
+              f"{total_steps} steps x {per_step} micro-batches, world {world}, device {device}; "
+              f"set-up {time.time() - t_setup:.1f} s", flush=True)
     from tqdm.auto import tqdm
 
     draft.train()
@@ -597,6 +601,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         last_eval = {"step": 0, **evaluate()}
         if is_main:
             logs.log("eval", last_eval)
+            print(f"step-0 evaluation: {time.time() - t0:.1f} s", flush=True)
         t0 = time.time()
     while step < total_steps:
         epoch, plan, j = where[step]

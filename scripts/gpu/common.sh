@@ -197,6 +197,13 @@ bench_generate_sweep() {  # before 03, while the GPU has nothing else to do
   bench_generate generate_sweep dynamic "${SWEEP_SIZES:-1024,2048,4096,8192}"
 }
 
+bench_generate_attention() {  # the same prompts with cuDNN's attention kernel on, then off (draftlab's default)
+  export DRAFTLAB_CUDNN_SDPA=1
+  bench_generate generate_cudnn_on dynamic "${ATTN_SIZES:-1,256,4096}"
+  unset DRAFTLAB_CUDNN_SDPA
+  bench_generate generate_cudnn_off dynamic "${ATTN_SIZES:-1,256,4096}"
+}
+
 bench_generate_static() {  # the same with a static KV cache (transformers may compile the step)
   [ "$(left)" -gt 200 ] || { say "static-cache sweep: not enough time left, skipped"; return 0; }
   bench_generate generate_static static "${STATIC_SIZES:-1024,4096}"
@@ -226,12 +233,27 @@ PY
   say "bench: offline exit $?"
 }
 
+bench_train_shapes() {  # training tok/s by batch-length rounding and attention kernel (random weights)
+  bench_done train_shapes && return 0
+  [ -f .device/bench/config.json ] || { say "train-shapes bench: .device/bench not carried, skipped"; return 0; }
+  local b=$DL/bench-shapes v
+  mkdir -p "$b" "$RUN/bench"
+  cp .device/bench/*.json .device/bench/*.jinja "$b"/ && xz -dc .device/bench/tokenizer.json.xz > "$b/tokenizer.json" \
+    && xz -dc .device/bench/train.jsonl.xz > "$b/train.jsonl" || return 0
+  for v in ${SHAPE_VARIANTS:-1:cudnn 64:cudnn 1:auto 64:auto}; do
+    timeout 150 python3 scripts/gpu/bench_train_shapes.py "$b" "${v%%:*}" "${SHAPE_STEPS:-50}" \
+      "$b/pad${v%%:*}_${v##*:}.json" --attention "${v##*:}" 2>&1 | grep -v "it/s\|step/s\|conv/s"
+  done
+  python3 -c "import json,sys; print(json.dumps([json.load(open(f)) for f in sys.argv[1:]], indent=1))" "$b"/pad*.json \
+    > "$RUN/bench/train_shapes.json" && cat "$RUN/bench/train_shapes.json"
+}
+
 save_state() {  # what a cold machine needs to resume: run data and results, no weights, no checkpoints
   [ -d "$RUN" ] || return 0
   local excl=(--exclude='*.safetensors' --exclude='ckpt-*' --exclude='.ckpt-*' --exclude="$RUN_ID/drafts"
               --exclude="$RUN_ID/scaling/eagle*" --exclude="$RUN_ID/scaling/train_shuffled.jsonl" --exclude='tokens'
               --exclude='hidden' --exclude='tb' --exclude='.restored')
-  stage_done 03 && excl+=(--exclude='*.work')       # regeneration finished: its work shards are redundant
+  stage_done 03 && excl+=(--exclude='*.work' --exclude="$RUN_ID/data/regen/work")  # regeneration done: its work shards repeat the jsonl
   rm -f "$OUT"/state-run.tar.xz*
   tar -cf - -C "$RESULTS" "${excl[@]}" "$RUN_ID" | xz -T0 -6 > "$OUT/state-run.tar.xz"
   local size

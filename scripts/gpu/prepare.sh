@@ -25,3 +25,15 @@ echo "prepare: gguf parts verified ($sha)"
 echo "prepare: working tree that travels: $(awk "BEGIN{printf \"%.1f\", $tree_kib/1024}") MiB"
 echo "prepare: call A carries .device/a: $(mib .device/a) MiB; call B carries .device/b + .whl: $(mib .device/b .whl) MiB"
 echo "prepare: later calls carry .whl (and .device/state after a cold start): $(mib .whl) MiB"
+
+# .device/bench for BENCHES=1's training-shape benchmark (bench_train_shapes in common.sh): the
+# target's config and tokenizer (no weights: it times random ones) and 3,000 conversations of
+# BENCH_DATA (a regenerated train.jsonl); carry it with call B.
+if [ -n "${BENCH_DATA:-}" ]; then
+  folder=$($PY -c "from draftlab.target import embedded_dir; print(embedded_dir())")
+  rm -rf .device/bench && mkdir -p .device/bench
+  cp "$folder"/config.json "$folder"/tokenizer_config.json "$folder"/chat_template.jinja .device/bench/
+  xz -T2 -9 -c "$folder/tokenizer.json" > .device/bench/tokenizer.json.xz
+  shuf -n 3000 --random-source=<(yes) "$BENCH_DATA" | xz -T2 -9 > .device/bench/train.jsonl.xz
+  echo "prepare: .device/bench $(mib .device/bench) MiB (3,000 conversations of $BENCH_DATA)"
+fi

@@ -11,6 +11,7 @@ source "$(dirname "$0")/common.sh"
 ensure_all || { say "FAILED: set-up (see above)"; save_state; exit 1; }
 # issue 4's batch-size sweep (BENCHES=1), while the GPU has nothing else to do
 [ "${BENCHES:-0}" = 1 ] && ! stage_done 03 && bench_generate_sweep
+[ "${BENCHES:-0}" = 1 ] && bench_train_shapes   # carry .device/bench (made by scripts/gpu/prepare.sh)
 run_pending
 rc=$?
 report
