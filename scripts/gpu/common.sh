@@ -269,6 +269,13 @@ report() {
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 }
 
+save_draft() {  # the exported EAGLE-3 draft (bf16, ~29 MB) in 15 MB parts: for analysis here, never committed
+  local d=$RUN/drafts/${1:-eagle3}
+  [ -f "$d/model.safetensors" ] || return 0
+  tar -cf - -C "$RUN/drafts" "${1:-eagle3}" | split -b 15M -d -a 1 - "$OUT/draft-${1:-eagle3}.tar.part-"
+  say "draft: $(ls "$OUT"/draft-*.tar.part-* | wc -l) parts in $OUT (here: cat <files_at>/draft-${1:-eagle3}.tar.part-* | tar -xf - -C .device/drafts)"
+}
+
 pack_reference() {  # results/reference for the commit: no weights, no data; $OUT/reference.tar.gz
   python3 scripts/gpu/summary.py "$RUN" || return 1
   local stage=$DL/pack/$RUN_ID

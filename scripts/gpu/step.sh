@@ -21,6 +21,7 @@ if [ $rc -eq 0 ]; then
     bench_generate_static
   fi
   [ -n "$SKIPPED" ] && say "WARNING: packed WITHOUT stages$SKIPPED (cut twice by the deadline)"
+  save_draft eagle3
   pack_reference && say "DONE${SKIPPED:+ (except$SKIPPED)}: $OUT/reference.tar.gz -> here: tar -xzf <files_at>/reference.tar.gz -C results/"
   exit $?
 fi
