@@ -52,7 +52,7 @@ import json
 import pandas as pd
 import torch
 
-from draftlab import bench, breakeven, specdec, specdec_report
+from draftlab import bench, breakeven, lookup, specdec, specdec_report
 from draftlab import notebook as nb
 from draftlab.draft import load_draft
 from draftlab.target import load_target
@@ -114,6 +114,8 @@ specdec_report.table(wrong) if wrong else "skipped"
 
 # %% [markdown]
 # ## 4 · Acceptance by chain length S (first evaluation set)
+# Prompt lookup, the free n-gram drafter (`draftlab.lookup`), is simulated exactly on the same
+# greedy outputs: the line a trained draft has to clear.
 
 # %%
 chain = []
@@ -127,9 +129,18 @@ for arch in CHAIN_ARCHS:
         cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
         res = specdec.compare(target, draft, sets[first], cfg, eval_set=first, greedy_results=greedy[first], warmup=0)
         chain.append({**specdec.public(res), "arch": arch})
-fig = specdec_report.plot_acceptance_by_chain(chain)
+lookup_rows = [{"eval_set": first, "arch": "prompt lookup", "mode": "(n-gram)", "num_steps": s,
+                "samples": len(sets[first]),
+                "acceptance_length": lookup.lookup_acceptance(sets[first], [g.tokens for g in greedy[first]],
+                                                              s)["acceptance_length"]} for s in CHAIN_STEPS]
+fig = specdec_report.plot_acceptance_by_chain(chain + lookup_rows)
 nb.save_figure(run, fig, "acceptance_by_chain")
 specdec_report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
+
+# %%
+lookup_main = [{"eval_set": name, **lookup.lookup_acceptance(ids, [g.tokens for g in greedy[name]], MAIN_STEPS)}
+               for name, ids in sets.items()]
+pd.DataFrame(lookup_main)
 
 # %% [markdown]
 # The same sweep in `FAST_DTYPE` (when set): on a GPU a bf16 target step costs about half an fp32
@@ -234,6 +245,7 @@ nb.save_metrics(run, {
     "wrong_mode": specdec_report.table(wrong).to_dict(orient="records") if wrong else None,
     "by_chain": specdec_report.table(chain).to_dict(orient="records"),
     "by_chain_fast_dtype": specdec_report.table(fast).to_dict(orient="records") if fast else None,
+    "prompt_lookup": {"by_set": lookup_main, "by_chain": lookup_rows},
     "tree": specdec_report.table(tree).to_dict(orient="records") if tree else None,
     "position_acceptance": {f"{r['arch']} {r['eval_set']}": r["speculative"]["position_acceptance"] for r in main},
     "accept_histogram": {f"{r['arch']} {r['eval_set']}": r["speculative"]["accept_histogram"] for r in main},
