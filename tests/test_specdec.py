@@ -201,11 +201,13 @@ def test_cuda_graphs_match_eager_fp32():
     common = [t for t, _ in Counter(t for r in ref for t in r).most_common(6)]
     draft = random_draft(target, common).cuda()
     for graphs in (False, True):
-        engine = sd.SpecEngine(target, draft, sd.SpecConfig(num_steps=3, max_new_tokens=MAX_NEW, cuda_graphs=graphs),
-                               max_len=256)
-        assert [engine.greedy(p).tokens for p in ids] == ref
-        assert [engine.speculative(p).tokens for p in ids] == ref
-        engine.close()
+        for tree in ({}, dict(topk=3, num_draft_tokens=8)):
+            engine = sd.SpecEngine(target, draft, sd.SpecConfig(num_steps=3, max_new_tokens=MAX_NEW, cuda_graphs=graphs,
+                                                                **tree), max_len=256)
+            engine.capture()
+            assert [engine.greedy(p).tokens for p in ids] == ref
+            assert [engine.speculative(p).tokens for p in ids] == ref
+            engine.close()
 
 
 class FakeGraphed:
@@ -240,6 +242,23 @@ def test_graph_plumbing_is_lossless_with_static_buffers(tiny_target, draft, prom
     engine.close()
     assert [r.tokens for r in results] == reference
     assert sum(a for r in results for a in r.accepted) > 0
+
+
+def test_tree_graph_plumbing_matches_eager(tiny_target, draft, prompt_ids, reference, monkeypatch):
+    """Tree mode through the graph code path (one draft graph per extend length, one D-token verify
+    graph): lossless, and the same draft tokens accepted at every cycle as eager decoding."""
+    cfg = dict(num_steps=3, topk=3, num_draft_tokens=8, max_new_tokens=MAX_NEW)
+    eager = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=False), max_len=256)
+    want = [eager.speculative(p).accepted for p in prompt_ids]
+    eager.close()
+    monkeypatch.setattr(sd, "Graphed", FakeGraphed)
+    engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=True), max_len=256)
+    engine.capture()
+    assert sorted(engine.runner.graphs) == [1, 8] and sorted(engine.draft_runner.graphs) == [1, 2, 3, 4]
+    results = [engine.speculative(p) for p in prompt_ids]
+    engine.close()
+    assert [r.tokens for r in results] == reference
+    assert [r.accepted for r in results] == want and sum(map(sum, want)) > 0
 
 
 def test_failed_graph_capture_falls_back_to_eager(tiny_target, draft, prompt_ids):

@@ -7,7 +7,8 @@ target's own greedy decoding).
 Both models keep their KV in preallocated slot buffers (`SlotCache`) addressed by explicit
 positions, with explicit 4D masks, so one code path serves the prefill, chain verify, tree verify
 (tree attention mask) and drafting, on CPU eagerly and on CUDA as captured CUDA graphs (the
-embedded target is launch-bound on a GPU).
+embedded target is launch-bound on a GPU). Tree drafting (growth, selection, ancestor mask) is
+tensor operations only, so a cycle is one draft graph and one verify graph in both modes.
 
 Semantics mirror SGLang's EAGLE worker:
   * chain (topk 1, S steps): S draft tokens per cycle, verify S + 1 tokens.
@@ -196,12 +197,14 @@ class TargetRunner:
 class DraftRunner:
     """The draft over a SlotCache, in the server mode's wiring (see module docstring)."""
 
-    def __init__(self, draft, target, mode: str, steps: int, max_len: int):
+    def __init__(self, draft, target, mode: str, steps: int, max_len: int, topk: int = 1, num_draft_tokens: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.draft = draft
         self.mode = mode
         self.steps = steps
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens or steps + 1
         self.max_len = max_len
         cfg = draft.config
         heads = cfg.num_attention_heads
@@ -277,13 +280,78 @@ class DraftRunner:
             return self.graphs[n_new](ids, feats, base, anc)
         return self._extend_and_chain(ids, feats, base, anc)
 
-    def extend(self, ids, feats, base, anc):
-        """Extend only (tree mode): returns the last row's (logits [1,1,V*], hidden_out [1,1,H])."""
+    def _extend_and_grow(self, ids, feats, base, anc):
+        """Extend over L committed tokens, then grow and select a tree (tree mode).
+
+        Tensor operations only, so that one CUDA graph holds the whole drafting of a cycle.
+        Returns the D - 1 drafted nodes, parents first: tokens [D-1] (target ids), depths [D-1]
+        (1 = child of the root), and for the verify list [root] + nodes: parents [D] (list index
+        of each entry's parent; the root is its own) and anc [D,D] (ancestor-or-self mask)."""
         n_new = ids.shape[1]
-        pos = (base + torch.arange(n_new, device=ids.device))[None]
+        pos = (base + torch.arange(n_new, device=ids.device))[None]  # [1,L]
         mask = build_mask(base, anc, self.max_len, torch.bool)
         logits, hidden_out = self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
-        return logits[:, -1:], hidden_out[:, -1:]
+        return self._grow(logits[0, -1], hidden_out[0, -1], base + n_new)
+
+    def _grow(self, logits, hidden, m):
+        """SGLang-style expansion from the root at position m ([1] tensor): S steps, each feeding the
+        K best beams (by cumulative log-probability) at fresh slots after m, each beam seeing the
+        prefix and its own ancestors, and keeping their top K children; then the D - 1 best nodes."""
+        k, dev = self.topk, hidden.device
+        cols = torch.arange(self.max_len, device=dev)
+        lp, mapped = self.logprobs(logits, hidden)  # [V*]
+        top = lp.topk(k)
+        tokens, scores = [self.to_target(top.indices, mapped)], [top.values]
+        parents, depths = [torch.full((k,), -1, device=dev)], [torch.ones(k, dtype=torch.long, device=dev)]
+        beams = torch.arange(k, device=dev)  # node index of each beam
+        beam_hidden = hidden[None].expand(k, -1)  # [K,H]: the draft output that predicted each beam
+        vis = (cols < m)[None].expand(k, -1)  # [K,M]: slots each beam sees (prefix, then ancestors)
+        n_nodes = k
+        for depth in range(2, self.steps + 1):
+            slots = m + (depth - 2) * k + torch.arange(k, device=dev)  # [K]
+            vis = vis | (cols[None] == slots[:, None])
+            all_tokens, all_scores = torch.cat(tokens), torch.cat(scores)
+            lg, hid = self.forward(all_tokens[beams][None], beam_hidden[None], (m + depth - 2).expand(k)[None],
+                                   slots, vis[None, None])
+            lp, mapped = self.logprobs(lg[0], hid[0])  # [K,V*]
+            top = lp.topk(k, dim=-1)
+            cand = all_scores[beams][:, None] + top.values  # [K,K] cumulative scores of the children
+            tokens.append(self.to_target(top.indices, mapped).flatten())
+            scores.append(cand.flatten())
+            parents.append(beams.repeat_interleave(k))
+            depths.append(torch.full((k * k,), depth, device=dev))
+            best = cand.flatten().topk(k).indices  # [K] the next beams, among the K*K children
+            beams = n_nodes + best
+            beam_hidden = hid[0, best // k]
+            vis = vis[best // k]
+            n_nodes += k * k
+        return self._select(torch.cat(tokens), torch.cat(scores), torch.cat(parents), torch.cat(depths))
+
+    def _select(self, tokens, scores, parents, depths):
+        """The D - 1 best nodes by score, parents first, with the verify list's parents and ancestor
+        mask. Log-probabilities are <= 0 and the depth term breaks ties, so a child never outranks
+        its parent: the chosen nodes always include their ancestors."""
+        d, n = self.num_draft_tokens, tokens.numel()
+        chosen = (scores - 1e-3 * depths).topk(d - 1).indices
+        chosen = chosen[torch.argsort(depths[chosen] * n + chosen)]  # [D-1] by depth: parents first
+        index = torch.zeros(n, dtype=torch.long, device=tokens.device)
+        index[chosen] = torch.arange(1, d, device=tokens.device)  # node -> its place in the verify list
+        par = parents[chosen]
+        par = torch.cat([par.new_zeros(1), torch.where(par < 0, 0, index[par.clamp(min=0)])])  # [D]
+        anc = torch.eye(d, dtype=torch.bool, device=tokens.device)
+        rows, cur = torch.arange(d, device=tokens.device), torch.arange(d, device=tokens.device)
+        for _ in range(self.steps):
+            cur = par[cur]
+            anc[rows, cur] = True
+        return tokens[chosen], depths[chosen], par, anc
+
+    def grow(self, ids, feats, base, anc, graph: bool = False):
+        if graph:
+            n_new = ids.shape[1]
+            if n_new not in self.graphs:
+                self.graphs[n_new] = Graphed(self._extend_and_grow, [ids, feats, base, anc])
+            return self.graphs[n_new](ids, feats, base, anc)
+        return self._extend_and_grow(ids, feats, base, anc)
 
 
 # --------------------------------------------------------------------------- results
@@ -355,7 +423,8 @@ class SpecEngine:
         self.eos = set(target.eos_token_ids)
         max_len = -(-max_len // 64) * 64  # aligned rows keep SDPA on its fused kernels
         self.max_len = max_len
-        self.draft_runner = DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len) if draft else None
+        self.draft_runner = (DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len, self.cfg.topk,
+                                         self.cfg.num_draft_tokens) if draft else None)
         feature = self.draft_runner.feature if self.draft_runner else "aux"
         layers = draft_layers(target, draft) if draft is not None else None  # what the draft was trained on
         self.runner = TargetRunner(target, feature, max_len, layers)
@@ -374,16 +443,16 @@ class SpecEngine:
         zeros = lambda n: torch.zeros(1, n, dtype=torch.long, device=self.device)
         base = self._t([0])
         self.runner.step(zeros(1), zeros(1), base, self._tril(1), graph=True)
-        if self.draft_runner is None or self.cfg.topk != 1:
+        if self.draft_runner is None:
             return
-        s_steps = self.cfg.num_steps
-        self.runner.step(zeros(s_steps + 1), torch.arange(s_steps + 1, device=self.device)[None], base,
-                         self._tril(s_steps + 1), graph=True)
+        s_steps, d = self.cfg.num_steps, self.cfg.num_draft_tokens  # the verify: D tokens (S + 1 for a chain)
+        self.runner.step(zeros(d), torch.arange(d, device=self.device)[None], base, self._tril(d), graph=True)
         hidden = self.target.model.config.get_text_config().hidden_size
         width = 3 * hidden if self.runner.feature == "aux" else hidden
-        for n in range(1, s_steps + 2):
+        draft = self.draft_runner.chain if self.cfg.topk == 1 else self.draft_runner.grow
+        for n in range(1, s_steps + 2):  # a cycle accepts 0..S tokens: the draft extends over 1..S + 1
             feats = torch.zeros(1, n, width, dtype=self.runner.dtype, device=self.device)
-            self.draft_runner.chain(zeros(n), feats, base, self._tril(n), graph=True)
+            draft(zeros(n), feats, base, self._tril(n), graph=True)
         _sync(self.device)
 
     # ---- helpers
@@ -497,43 +566,35 @@ class SpecEngine:
         return res
 
     def _tree(self, prompt_ids: list[int]) -> PromptResult:
-        """Tree drafting (topk K, S steps, D verified tokens), eager on any device."""
-        cfg, dev = self.cfg, self.device
-        k, s_steps, n_verify, limit = cfg.topk, cfg.num_steps, cfg.num_draft_tokens, cfg.max_new_tokens
-        dr = self.draft_runner
+        """Tree drafting (topk K, S steps, D verified tokens): one draft and one verify pass a cycle."""
+        d, limit, dev = self.cfg.num_draft_tokens, self.cfg.max_new_tokens, self.device
+        graphs = self.use_graphs
         t0 = time.perf_counter()
         n = len(prompt_ids)
         root, feats = self._prefill(prompt_ids)
-        logits, hidden = dr.extend(self._t([prompt_ids[1:] + [root]]), feats[None], self._t([0]), _tril(n, dev))
+        tree = self.draft_runner.grow(self._t([prompt_ids[1:] + [root]]), feats[None], self._t([0]), _tril(n, dev))
         _sync(dev)
         t1 = time.perf_counter()
         res = PromptResult(tokens=[root], prefill_s=t1 - t0)
         m = n
+        v_ids = torch.empty(1, d, dtype=torch.long, device=dev)
+        v_pos = torch.empty(1, d, dtype=torch.long, device=dev)
+        base = self._t([m])
         done = root in self.eos or limit <= 1
         while not done:
-            nodes = self._grow_tree(logits, hidden, m)
-            chosen = self._select(nodes, n_verify - 1)  # node indices, parents first
-            # verify input: root + chosen nodes; positions by depth; ancestor mask
-            index = {node: i + 1 for i, node in enumerate(chosen)}
-            parent = [0] + [index.get(nodes[c]["parent"], 0) for c in chosen]
-            size = len(chosen) + 1
-            anc = torch.zeros(size, size, dtype=torch.bool)
-            for i in range(size):
-                j = i
-                while True:
-                    anc[i, j] = True
-                    if j == 0:
-                        break
-                    j = parent[j]
-            ids = self._t([[root] + [nodes[c]["token"] for c in chosen]])
-            pos = self._t([[m] + [m + nodes[c]["depth"] for c in chosen]])
-            greedy, vfeats = self.runner.step(ids, pos, self._t([m]), anc.to(dev))
-            g = greedy.tolist()
-            tokens = ids[0].tolist()
+            tokens_t, depths_t, parents_t, anc = tree
+            v_ids[0, 0] = root
+            v_ids[0, 1:] = tokens_t
+            base.fill_(m)
+            v_pos[0, 0] = m
+            torch.add(depths_t, base, out=v_pos[0, 1:])
+            greedy, vfeats = self.runner.step(v_ids, v_pos, base, anc, graph=graphs)
+            both = torch.cat([greedy, v_ids[0], parents_t]).tolist()  # the one host sync of the cycle
+            g, tokens, parent = both[:d], both[d:2 * d], both[2 * d:]
             # walk: follow the child whose token equals the target's choice at the current node
             path, cur = [0], 0
             while True:
-                nxt = [i for i in range(1, size) if parent[i] == cur and tokens[i] == g[cur]]
+                nxt = [i for i in range(1, d) if parent[i] == cur and tokens[i] == g[cur]]
                 if not nxt:
                     break
                 cur = nxt[0]
@@ -548,69 +609,14 @@ class SpecEngine:
             if path != list(range(a + 1)):  # compact the accepted path's KV to slots m..m+a
                 self.runner.cache.move([m + i for i in path], [m + j for j in range(a + 1)])
             idx = self._t(path)
-            ext_ids = greedy.index_select(0, idx)[None]  # tokens m+1..m+a+1
-            logits, hidden = dr.extend(ext_ids, vfeats.index_select(0, idx)[None], self._t([m]), _tril(a + 1, dev))
+            # the draft re-extends over tokens m+1..m+a+1 with the target's features of m..m+a
+            tree = self.draft_runner.grow(greedy.index_select(0, idx)[None], vfeats.index_select(0, idx)[None], base,
+                                          self._tril(a + 1), graph=graphs)
             root = g[cur]
             m += a + 1
         _sync(dev)
         res.decode_s = time.perf_counter() - t1
         return res
-
-    def _grow_tree(self, logits, hidden, m: int) -> list[dict]:
-        """SGLang-style expansion: S steps, each expanding the K best beams by their top K children.
-
-        Beams are fed to the draft in one pass per step at fresh slots after m, each seeing the
-        prefix and its own ancestors. Returns every candidate node: token (target id), parent
-        (node index or -1 for the root), depth, score (cumulative log-probability).
-        """
-        dr, k, dev = self.draft_runner, self.cfg.topk, self.device
-        lp, mapped = dr.logprobs(logits[0, -1], hidden[0, -1])
-        top = lp.topk(k)
-        nodes = [dict(token=int(t), parent=-1, depth=1, score=float(s), slot=None)
-                 for t, s in zip(dr.to_target(top.indices, mapped).tolist(), top.values.tolist())]
-        beams = list(range(k))
-        beam_hidden = hidden[0, -1:].expand(k, -1)  # [K,H] parent hidden of each beam
-        next_slot = m
-        for depth in range(2, self.cfg.num_steps + 1):
-            slots = list(range(next_slot, next_slot + len(beams)))
-            next_slot += len(beams)
-            for b, s in zip(beams, slots):
-                nodes[b]["slot"] = s
-            # mask: prefix < m visible; tree slots visible when they are ancestors-or-self
-            mask = torch.zeros(len(beams), self.max_len, dtype=torch.bool)
-            mask[:, :m] = True
-            for row, b in enumerate(beams):
-                j = b
-                while j != -1:
-                    mask[row, nodes[j]["slot"]] = True
-                    j = nodes[j]["parent"]
-            ids = self._t([[nodes[b]["token"] for b in beams]])
-            pos = self._t([[m + depth - 2] * len(beams)])
-            lg, hid = dr.forward(ids, beam_hidden[None], pos, self._t(slots), mask.to(dev)[None, None])
-            lp, mapped = dr.logprobs(lg[0], hid[0])  # [K,V*]
-            top = lp.topk(k, dim=-1)
-            cand_tokens = dr.to_target(top.indices, mapped).tolist()
-            cand_scores = (top.values + torch.tensor([nodes[b]["score"] for b in beams], device=dev)[:, None]).tolist()
-            first_new = len(nodes)
-            for row, b in enumerate(beams):
-                for t, s in zip(cand_tokens[row], cand_scores[row]):
-                    nodes.append(dict(token=int(t), parent=b, depth=depth, score=float(s), slot=None, row=row))
-            new = sorted(range(first_new, len(nodes)), key=lambda i: -nodes[i]["score"])[:k]
-            beam_hidden = hid[0, [nodes[i]["row"] for i in new]]
-            beams = new
-        return nodes
-
-    @staticmethod
-    def _select(nodes: list[dict], count: int) -> list[int]:
-        """The `count` best nodes by score whose ancestors are all chosen, parents first."""
-        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i]["score"], nodes[i]["depth"], i))
-        chosen: set[int] = set()
-        for i in order:
-            if len(chosen) == count:
-                break
-            if nodes[i]["parent"] == -1 or nodes[i]["parent"] in chosen:
-                chosen.add(i)
-        return sorted(chosen, key=lambda i: (nodes[i]["depth"], i))
 
 
 # --------------------------------------------------------------------------- runs and summaries
@@ -668,29 +674,33 @@ def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bo
 
 # drafts (or targets, when no draft) whose graph replay matched eager decoding; weak, so that a
 # freed draft's id reused by a new one cannot skip the new one's check
-_GRAPHS_CHECKED: weakref.WeakSet = weakref.WeakSet()
+_GRAPHS_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> drafting shapes checked
 
 
 def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int]) -> SpecEngine:
     """An engine with its CUDA graphs captured, or an eager one when capture fails.
 
-    The first engine of each draft also decodes `probe` greedily both ways and
-    falls back to eager if the replay differs, so a broken graph costs speed, never correctness;
-    the reason is kept in `engine.graph_error` and reported with the results."""
+    The first engine of each draft and drafting shape also decodes `probe` both ways, greedily
+    and speculatively, and falls back to eager if the replay differs (tokens, or the draft tokens
+    accepted at each cycle), so a broken graph costs speed, never correctness or acceptance; the
+    reason is kept in `engine.graph_error` and reported with the results."""
     engine = SpecEngine(target, draft, config, max_len=max_len)
     if not engine.use_graphs:
         return engine
     key = draft if draft is not None else target.model
+    shape = (config.mode, config.num_steps, config.topk, config.num_draft_tokens)
     try:
         engine.capture()
-        if key not in _GRAPHS_CHECKED:
-            graphed = engine.greedy(probe).tokens
+        if shape not in _GRAPHS_CHECKED.get(key, set()):
+            decode = (lambda: engine.greedy(probe).tokens) if draft is None else \
+                (lambda: (engine.greedy(probe).tokens, engine.speculative(probe).accepted))
+            graphed = decode()
             engine.use_graphs = False
-            eager = engine.greedy(probe).tokens
+            eager = decode()
             engine.use_graphs = True
             if graphed != eager:
-                raise RuntimeError(f"graph replay decoded {graphed[:8]}... but eager decoding {eager[:8]}...")
-            _GRAPHS_CHECKED.add(key)
+                raise RuntimeError(f"graph replay decoded {str(graphed)[:80]}... but eager decoding {str(eager)[:80]}...")
+            _GRAPHS_CHECKED.setdefault(key, set()).add(shape)
         return engine
     except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
         engine.close()
