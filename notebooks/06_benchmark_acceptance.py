@@ -160,10 +160,17 @@ if FAST_DTYPE and FAST_DTYPE != DTYPE:
                               warmup=0 if fast_greedy else 1)
         fast_greedy = res["_greedy_results"]
         fast.append({**specdec.public(res), "arch": CHAIN_ARCHS[0]})
+    if TREE:  # the tree too: its D-token verify costs about what a chain's does on a launch-bound GPU
+        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=TREE[0], num_draft_tokens=TREE[1],
+                                 max_new_tokens=MAX_NEW_TOKENS)
+        res = specdec.compare(fast_target, fast_draft, sets[first], cfg, eval_set=first, greedy_results=fast_greedy,
+                              warmup=0)
+        fast.append({**specdec.public(res), "arch": f"{CHAIN_ARCHS[0]} tree K={TREE[0]} D={TREE[1]}"})
     del fast_target, fast_draft
     fig = specdec_report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
     nb.save_figure(run, fig, "speedup_by_chain_dtypes")
-specdec_report.table(fast)[["arch", "dtype", "S", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup", "lossless"]] \
+specdec_report.table(fast)[["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup",
+                            "lossless"]] \
     if fast else "skipped"
 
 # %%

@@ -45,3 +45,16 @@ def test_overrides_need_a_source(summary, tmp_path):
     (tmp_path / "summary_overrides.json").write_text(json.dumps({"train_minutes": {"value": 2.0}}))
     with pytest.raises(SystemExit, match="source"):
         summary.apply_overrides(tmp_path, s, src)
+
+
+def test_speedup_takes_the_best_lossless_run_of_any_dtype_or_shape(summary):
+    m = metrics()
+    row = m["06_benchmark_acceptance"]["by_set"][0]
+    m["06_benchmark_acceptance"]["by_chain_fast_dtype"] = [
+        {**row, "S": 6, "speedup": 1.9, "dtype": "bfloat16", "acceptance_length": 2.7},
+        {**row, "S": 4, "speedup": 2.2, "dtype": "bfloat16", "lossless": "3/4"},  # not lossless: not counted
+    ]
+    m["06_benchmark_acceptance"]["tree"] = [{**row, "arch": "eagle3", "K": 4, "D": 16, "speedup": 1.7}]
+    s, src = summary.build_summary(m)
+    assert s["speedup_batch1"] == 1.9 and "bfloat16" in src["speedup_batch1"]
+    assert s["eagle3_acceptance_s6_heldout"] == 2.5  # acceptance keys stay with the main dtype's rows
