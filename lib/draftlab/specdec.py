@@ -409,6 +409,11 @@ class SpecConfig:
             raise ValueError(f"num_draft_tokens - 1 = {self.num_draft_tokens - 1} exceeds the {max_nodes} "
                              f"nodes a tree of topk {self.topk} and {self.num_steps} steps can hold")
 
+    def slots_after_root(self) -> int:
+        """Cache slots a cycle writes from the root on: the verify's D, or the tree's beams
+        ((S - 1) x K slots after the root), whichever is more."""
+        return max(self.num_draft_tokens, 1 + (self.num_steps - 1) * self.topk)
+
 
 class SpecEngine:
     """Greedy and speculative decoding of one prompt at a time over the same target runner."""
@@ -466,7 +471,7 @@ class SpecEngine:
         return self._trils[n]
 
     def _check_len(self, n_prompt: int):
-        need = n_prompt + self.cfg.max_new_tokens + (self.cfg.num_draft_tokens or 1) + 2
+        need = n_prompt + self.cfg.max_new_tokens + self.cfg.slots_after_root() + 2
         if need > self.max_len:
             raise ValueError(f"prompt of {n_prompt} tokens + {self.cfg.max_new_tokens} new needs a cache of "
                              f"{need} slots; the engine was built with max_len={self.max_len}")
@@ -716,7 +721,7 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
             greedy_results: list[PromptResult] | None = None, warmup: int = 1, progress: bool = True,
             max_len: int | None = None) -> dict:
     """Greedy vs speculative on the same prompts in the same engine: stats, speedup, losslessness."""
-    need = max(len(p) for p in prompt_ids) + config.max_new_tokens + (config.num_draft_tokens or config.num_steps + 1) + 2
+    need = max(len(p) for p in prompt_ids) + config.max_new_tokens + config.slots_after_root() + 2
     max_len = max(max_len or 0, need)
     engine = graphed_engine(target, draft, config, max_len, prompt_ids[0])
     try:
