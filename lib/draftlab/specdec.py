@@ -318,7 +318,7 @@ class DraftRunner:
             cand = all_scores[beams][:, None] + top.values  # [K,K] cumulative scores of the children
             tokens.append(self.to_target(top.indices, mapped).flatten())
             scores.append(cand.flatten())
-            parents.append(beams.repeat_interleave(k))
+            parents.append(beams[:, None].expand(k, k).flatten())  # row r's children have parent beams[r]
             depths.append(torch.full((k * k,), depth, device=dev))
             best = cand.flatten().topk(k).indices  # [K] the next beams, among the K*K children
             beams = n_nodes + best
@@ -335,14 +335,15 @@ class DraftRunner:
         chosen = (scores - 1e-3 * depths).topk(d - 1).indices
         chosen = chosen[torch.argsort(depths[chosen] * n + chosen)]  # [D-1] by depth: parents first
         index = torch.zeros(n, dtype=torch.long, device=tokens.device)
-        index[chosen] = torch.arange(1, d, device=tokens.device)  # node -> its place in the verify list
+        index.index_copy_(0, chosen, torch.arange(1, d, device=tokens.device))  # node -> its place in the verify list
         par = parents[chosen]
-        par = torch.cat([par.new_zeros(1), torch.where(par < 0, 0, index[par.clamp(min=0)])])  # [D]
+        par = torch.where(par < 0, torch.zeros_like(par), index[par.clamp(min=0)])  # the root's children: 0
+        par = torch.cat([par.new_zeros(1), par])  # [D], the root first
         anc = torch.eye(d, dtype=torch.bool, device=tokens.device)
-        rows, cur = torch.arange(d, device=tokens.device), torch.arange(d, device=tokens.device)
-        for _ in range(self.steps):
+        cur = torch.arange(d, device=tokens.device)
+        for _ in range(self.steps):  # device ops only (no host values), so that it can be captured
             cur = par[cur]
-            anc[rows, cur] = True
+            anc.scatter_(1, cur[:, None], True)
         return tokens[chosen], depths[chosen], par, anc
 
     def grow(self, ids, feats, base, anc, graph: bool = False):

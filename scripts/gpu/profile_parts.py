@@ -128,7 +128,8 @@ def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=1
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 whole()
                 sync()
-            table = prof.key_averages().table(sort_by="cuda_time_total" if DEVICE == "cuda" else "cpu_time_total", row_limit=40)
+            key = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
+            table = prof.key_averages().table(sort_by=key, row_limit=40)
             (out / "train_profile.txt").write_text(table)
             print(table[:6000], flush=True)
         del draft, objective, opt, state
@@ -156,15 +157,16 @@ def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
             ids = torch.zeros(1, n, dtype=torch.long, device=dev)
             pos = torch.arange(300, 300 + n, device=dev)[None]
             base = torch.tensor([300], device=dev)
-            verify_ms = 1e3 * timed(lambda: eng.runner.step(ids, pos, base, eng._tril(n), graph=eng.use_graphs), reps=50, warm=5)
+            graphs = eng.use_graphs
+            verify_ms = 1e3 * timed(lambda: eng.runner.step(ids, pos, base, eng._tril(n), graph=graphs), reps=50, warm=5)
             one = torch.zeros(1, 1, dtype=torch.long, device=dev)
-            greedy_ms = 1e3 * timed(lambda: eng.runner.step(one, pos[:, :1], base, eng._tril(1), graph=eng.use_graphs), reps=50, warm=5)
+            greedy_ms = 1e3 * timed(lambda: eng.runner.step(one, pos[:, :1], base, eng._tril(1), graph=graphs), reps=50, warm=5)
             width = 3 * target.hidden_size
             row = {"dtype": str(dtype).split(".")[-1], "S": s, "verify_ms": verify_ms, "greedy_step_ms": greedy_ms}
             for a in (1, n):
                 feats = torch.zeros(1, a, width, dtype=dtype, device=dev)
                 row[f"draft_chain_ms_extend{a}"] = 1e3 * timed(
-                    lambda: eng.draft_runner.chain(ids[:, :a], feats, base, eng._tril(a), graph=eng.use_graphs), reps=50, warm=5)
+                    lambda: eng.draft_runner.chain(ids[:, :a], feats, base, eng._tril(a), graph=graphs), reps=50, warm=5)
             prompt = list(range(100, 400))
             eng.greedy(prompt)
             g = eng.greedy(prompt)
@@ -194,10 +196,11 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__}
     parts = args.parts.split(",")
     if "spec" in parts:
-        result["spec"] = profile_spec(args.config_json, torch.float32) + (profile_spec(args.config_json, torch.bfloat16) if DEVICE == "cuda" else [])
+        dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
+        result["spec"] = [row for dt in dtypes for row in profile_spec(args.config_json, dt)]
     if "train" in parts:
-        result["train"] = profile_train(random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32), args.out_dir,
-                                        [int(x) for x in args.lengths.split(",")], args.tokens)
+        target = random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+        result["train"] = profile_train(target, args.out_dir, [int(x) for x in args.lengths.split(",")], args.tokens)
     (args.out_dir / "profile.json").write_text(json.dumps(result, indent=1))
     return 0
 
