@@ -122,6 +122,16 @@ class Graphed:
         return self.outputs
 
 
+def _maybe_graphed(graphs: dict, fn, inputs: tuple, graph: bool):
+    """fn(*inputs), or the replay of fn's CUDA graph for this many new tokens (captured on first use)."""
+    if not graph:
+        return fn(*inputs)
+    n_new = inputs[0].shape[1]
+    if n_new not in graphs:
+        graphs[n_new] = Graphed(fn, list(inputs))
+    return graphs[n_new](*inputs)
+
+
 # --------------------------------------------------------------------------- target
 
 def _cache_kwarg(model) -> str:
@@ -184,12 +194,7 @@ class TargetRunner:
         return greedy, feats
 
     def step(self, ids, pos, base, anc, graph: bool = False):
-        if graph:
-            n_new = ids.shape[1]
-            if n_new not in self.graphs:
-                self.graphs[n_new] = Graphed(self._forward, [ids, pos, base, anc])
-            return self.graphs[n_new](ids, pos, base, anc)
-        return self._forward(ids, pos, base, anc)
+        return _maybe_graphed(self.graphs, self._forward, (ids, pos, base, anc), graph)
 
 
 # --------------------------------------------------------------------------- draft
@@ -273,12 +278,7 @@ class DraftRunner:
         return torch.cat(toks, dim=1)[0]  # [S]
 
     def chain(self, ids, feats, base, anc, graph: bool = False):
-        if graph:
-            n_new = ids.shape[1]
-            if n_new not in self.graphs:
-                self.graphs[n_new] = Graphed(self._extend_and_chain, [ids, feats, base, anc])
-            return self.graphs[n_new](ids, feats, base, anc)
-        return self._extend_and_chain(ids, feats, base, anc)
+        return _maybe_graphed(self.graphs, self._extend_and_chain, (ids, feats, base, anc), graph)
 
     def _extend_and_grow(self, ids, feats, base, anc):
         """Extend over L committed tokens, then grow and select a tree (tree mode).
@@ -347,12 +347,7 @@ class DraftRunner:
         return tokens[chosen], depths[chosen], par, anc
 
     def grow(self, ids, feats, base, anc, graph: bool = False):
-        if graph:
-            n_new = ids.shape[1]
-            if n_new not in self.graphs:
-                self.graphs[n_new] = Graphed(self._extend_and_grow, [ids, feats, base, anc])
-            return self.graphs[n_new](ids, feats, base, anc)
-        return self._extend_and_grow(ids, feats, base, anc)
+        return _maybe_graphed(self.graphs, self._extend_and_grow, (ids, feats, base, anc), graph)
 
 
 # --------------------------------------------------------------------------- results
