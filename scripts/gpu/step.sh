@@ -16,6 +16,8 @@ run_pending
 rc=$?
 report
 if [ $rc -eq 0 ]; then
+  # does batched generate pay cuDNN's per-shape cost too? (ATTN_CHECK=0 skips; needs ~100 s)
+  [ "${ATTN_CHECK:-1}" = 1 ] && [ "$(left)" -gt 200 ] && bench_generate_attention
   if [ "${BENCHES:-0}" = 1 ]; then
     bench_train_offline                 # issue 5's offline-hidden throughput, with the time left
     bench_generate_static
