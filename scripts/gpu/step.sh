@@ -3,7 +3,7 @@
 # (plus .device/state after a cold start, with A and B redone first). Each call: make sure the
 # wheels, the GGUF and the converted target are there, then run the full-profile notebooks not
 # done yet (00 01 02 03 04 06 05 07); with BENCHES=1 also issue 4's batch-size sweep before 03 and the
-# offline-hidden and static-cache benchmarks after the last stage if time is left until this call's deadline (BUDGET_S, default 530 s); a stage
+# offline-hidden and static-cache benchmarks after the last stage if time is left until this call's deadline (BUDGET_S, default 500 s); a stage
 # cut by the deadline resumes in the next call (03 by row id, 04 and 07 from checkpoints and
 # finished subsets). When every stage is done it packs results/reference as pack.sh does.
 # Exit 0: done, $OUT/reference.tar.gz written; 3: call step.sh again; 1: failed.
