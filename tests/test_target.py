@@ -78,3 +78,23 @@ def test_gguf_file_spec_converts(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_CACHE", str(tmp_path))
     path = tg.resolve_path(str(tg.embedded_gguf()))
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 30
+
+
+def test_cudnn_attention_is_turned_off_unless_asked(monkeypatch):
+    """cuDNN's SDPA plans per shape (5x slower training on an H200): off on CUDA unless
+    DRAFTLAB_CUDNN_SDPA=1 keeps it, to measure both ways. The flag is global, so it is restored."""
+    import torch
+
+    from draftlab.target import avoid_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.setenv("DRAFTLAB_CUDNN_SDPA", "1")
+        avoid_cudnn_attention()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.delenv("DRAFTLAB_CUDNN_SDPA")
+        avoid_cudnn_attention()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
