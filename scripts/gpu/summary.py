@@ -28,6 +28,8 @@ HEADLINE_FIGURES = [
     ("Real chain acceptance vs training data (07)", "07_data_scaling_chain_acceptance_vs_data.png"),
     ("EAGLE vs EAGLE3: the same draft under both flags (05)", "05_flag_diagnosis_acceptance_by_mode.png"),
     ("Speedup vs acceptance with the break-even curve (06)", "06_benchmark_acceptance_breakeven.png"),
+    ("Acceptance by chain length, with prompt lookup's (06)", "06_benchmark_acceptance_acceptance_by_chain.png"),
+    ("Batch-1 speedup by chain length in fp32 and bf16 (06)", "06_benchmark_acceptance_speedup_by_chain_dtypes.png"),
 ]
 
 
