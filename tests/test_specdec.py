@@ -290,6 +290,30 @@ def test_graph_replay_that_differs_from_eager_is_refused(tiny_target, draft, pro
     engine.close()
 
 
+@pytest.mark.parametrize("tree", [{}, dict(topk=3, num_draft_tokens=8)])
+def test_draft_graph_that_loses_acceptance_is_refused(tiny_target, draft, prompt_ids, monkeypatch, tree):
+    """A draft graph replaying stale or wrong tokens stays lossless (the target verifies), so only
+    the acceptance count on the probe can catch it."""
+    cfg = dict(num_steps=3, max_new_tokens=MAX_NEW, **tree)
+    eager = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=False), max_len=256)
+    probe = max(prompt_ids, key=lambda p: sum(eager.speculative(p).accepted))
+    eager.close()
+
+    class WrongDraftGraphed(FakeGraphed):
+        def __call__(self, *inputs):
+            out = super().__call__(*inputs)
+            if self.fn.__name__ in ("_extend_and_chain", "_extend_and_grow"):
+                (out[0] if isinstance(out, tuple) else out).add_(1)  # every drafted token off by one
+            return out
+
+    monkeypatch.setattr(sd, "Graphed", WrongDraftGraphed)
+    sd._GRAPHS_CHECKED.clear()
+    with pytest.warns(UserWarning, match="accepted"):
+        engine = sd.graphed_engine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=True), 256, probe)
+    assert not engine.use_graphs and "accepted" in engine.graph_error
+    engine.close()
+
+
 @pytest.mark.parametrize("use_aux", [True, False])
 def test_first_draft_token_matches_teacher_forcing(tiny_target, reference, prompt_ids, use_aux):
     """At every cycle root m the engine's first draft token is accepted exactly when the draft run

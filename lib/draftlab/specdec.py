@@ -682,9 +682,9 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
     """An engine with its CUDA graphs captured, or an eager one when capture fails.
 
     The first engine of each draft and drafting shape also decodes `probe` both ways, greedily
-    and speculatively, and falls back to eager if the replay differs (tokens, or the draft tokens
-    accepted at each cycle), so a broken graph costs speed, never correctness or acceptance; the
-    reason is kept in `engine.graph_error` and reported with the results."""
+    and speculatively, and falls back to eager if the replay differs (greedy tokens, or the number
+    of draft tokens accepted beyond rounding), so a broken graph costs speed, never correctness or
+    acceptance; the reason is kept in `engine.graph_error` and reported with the results."""
     engine = SpecEngine(target, draft, config, max_len=max_len)
     if not engine.use_graphs:
         return engine
@@ -693,14 +693,16 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
     try:
         engine.capture()
         if shape not in _GRAPHS_CHECKED.get(key, set()):
-            decode = (lambda: engine.greedy(probe).tokens) if draft is None else \
-                (lambda: (engine.greedy(probe).tokens, engine.speculative(probe).accepted))
+            decode = lambda: (engine.greedy(probe).tokens, sum(engine.speculative(probe).accepted) if draft else 0)  # noqa: E731
             graphed = decode()
             engine.use_graphs = False
             eager = decode()
             engine.use_graphs = True
-            if graphed != eager:
-                raise RuntimeError(f"graph replay decoded {str(graphed)[:80]}... but eager decoding {str(eager)[:80]}...")
+            if graphed[0] != eager[0]:
+                raise RuntimeError(f"graph replay decoded {graphed[0][:8]}... but eager decoding {eager[0][:8]}...")
+            # a stale buffer in a draft graph would show as far fewer accepted tokens; allow rounding
+            if abs(graphed[1] - eager[1]) > 0.02 * eager[1] + 1:
+                raise RuntimeError(f"graph replay accepted {graphed[1]} draft tokens on the probe, eager decoding {eager[1]}")
             _GRAPHS_CHECKED.setdefault(key, set()).add(shape)
         return engine
     except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
