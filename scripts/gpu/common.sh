@@ -283,6 +283,7 @@ pack_reference() {  # results/reference for the commit: no weights, no data; $OU
   cp "$RUN"/params.yaml "$RUN"/metrics.json "$RUN"/summary.json "$RUN"/README.md "$stage"/ || return 1
   cp -r "$RUN"/figures "$RUN"/executed "$stage"/ || return 1
   [ -d "$RUN/bench" ] && cp -r "$RUN/bench" "$stage"/
+  [ -f "$RUN/run_notes.md" ] && cp "$RUN/run_notes.md" "$stage"/  # summary.py puts it in README.md
   tar -czf "$OUT/reference.tar.gz" -C "$DL/pack" "$RUN_ID" || return 1
   cp "$RUN/summary.json" "$OUT/summary.json"
   say "packed: $(du -h "$OUT/reference.tar.gz" | cut -f1) ($(tar -tzf "$OUT/reference.tar.gz" | wc -l) entries)"
