@@ -224,6 +224,15 @@ if model_arch is not None:
 pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
 
 # %% [markdown]
+# Prompt lookup by the same cost model: its drafting costs next to nothing on the device (c ≈ 0),
+# so a cycle costs one verify, v, and its predicted speedup is its acceptance length / v.
+
+# %%
+for r in lookup_rows:
+    r["predicted_speedup"] = r["acceptance_length"] / fits[model_arch].verify_cost if model_arch else None
+pd.DataFrame(lookup_rows)[["num_steps", "acceptance_length", "predicted_speedup"]]
+
+# %% [markdown]
 # The deployment that motivated draftlab: 90 tok/s without speculation, 82.3 tok/s with it at
 # acceptance length 2.1 and 5 draft tokens (topk 1, so S = 4), assuming a verify costs one step.
 
