@@ -40,6 +40,7 @@ CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the b
 CHAIN_ARCHS = ["eagle3", "eagle1"]  # drafts swept over CHAIN_STEPS
 TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
 FAST_DTYPE = ""  # also sweep CHAIN_STEPS with the first arch in this dtype (bfloat16: ~2x faster on a GPU, exact only up to near-ties); "" skips
+FAST_TREES = []  # [[K, D], ...] trees for the FAST_DTYPE runs ([] : TREE alone)
 WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
 LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
 LIVE_SPEC_URLS = {}  # optional: {label: url} of speculative SGLang servers
@@ -160,12 +161,13 @@ if FAST_DTYPE and FAST_DTYPE != DTYPE:
                               warmup=0 if fast_greedy else 1)
         fast_greedy = res["_greedy_results"]
         fast.append({**specdec.public(res), "arch": CHAIN_ARCHS[0]})
-    if TREE:  # the tree too: its D-token verify costs about what a chain's does on a launch-bound GPU
-        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=TREE[0], num_draft_tokens=TREE[1],
+    # trees too: on a launch-bound GPU a verify of D tokens costs about what a chain's S + 1 do
+    for k, d in FAST_TREES or ([TREE] if TREE else []):
+        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=k, num_draft_tokens=d,
                                  max_new_tokens=MAX_NEW_TOKENS)
         res = specdec.compare(fast_target, fast_draft, sets[first], cfg, eval_set=first, greedy_results=fast_greedy,
                               warmup=0)
-        fast.append({**specdec.public(res), "arch": f"{CHAIN_ARCHS[0]} tree K={TREE[0]} D={TREE[1]}"})
+        fast.append({**specdec.public(res), "arch": f"{CHAIN_ARCHS[0]} tree K={k} D={d}"})
     del fast_target, fast_draft
     fig = specdec_report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
     nb.save_figure(run, fig, "speedup_by_chain_dtypes")
