@@ -304,24 +304,25 @@ class DraftRunner:
         tokens, scores = [self.to_target(top.indices, mapped)], [top.values]
         parents, depths = [torch.full((k,), -1, device=dev)], [torch.ones(k, dtype=torch.long, device=dev)]
         beams = torch.arange(k, device=dev)  # node index of each beam
+        beam_tokens, beam_scores = tokens[0], scores[0]  # [K] each
         beam_hidden = hidden[None].expand(k, -1)  # [K,H]: the draft output that predicted each beam
         vis = (cols < m)[None].expand(k, -1)  # [K,M]: slots each beam sees (prefix, then ancestors)
         n_nodes = k
         for depth in range(2, self.steps + 1):
             slots = m + (depth - 2) * k + torch.arange(k, device=dev)  # [K]
             vis = vis | (cols[None] == slots[:, None])
-            all_tokens, all_scores = torch.cat(tokens), torch.cat(scores)
-            lg, hid = self.forward(all_tokens[beams][None], beam_hidden[None], (m + depth - 2).expand(k)[None],
+            lg, hid = self.forward(beam_tokens[None], beam_hidden[None], (m + depth - 2).expand(k)[None],
                                    slots, vis[None, None])
             lp, mapped = self.logprobs(lg[0], hid[0])  # [K,V*]
             top = lp.topk(k, dim=-1)
-            cand = all_scores[beams][:, None] + top.values  # [K,K] cumulative scores of the children
+            cand = (beam_scores[:, None] + top.values).flatten()  # [K*K] cumulative scores of the children
             tokens.append(self.to_target(top.indices, mapped).flatten())
-            scores.append(cand.flatten())
+            scores.append(cand)
             parents.append(beams[:, None].expand(k, k).flatten())  # row r's children have parent beams[r]
             depths.append(torch.full((k * k,), depth, device=dev))
-            best = cand.flatten().topk(k).indices  # [K] the next beams, among the K*K children
+            best = cand.topk(k).indices  # [K] the next beams, among the K*K children
             beams = n_nodes + best
+            beam_tokens, beam_scores = tokens[-1][best], cand[best]
             beam_hidden = hid[0, best // k]
             vis = vis[best // k]
             n_nodes += k * k
