@@ -402,14 +402,16 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         _free_cuda()
         return row
 
+    recipe = {**settings.train, "train_file_rows": plan.available}
+
     def item_key(arch, n):
         """The result key of a subset trained with this study's recipe and evaluation."""
-        return settings_key(arch, n, {**settings.train, "train_file_rows": plan.available}, ev)
+        return settings_key(arch, n, recipe, ev)
 
     def subset_config(arch, n):
         """(TrainConfig, folder) of one subset; one folder per recipe (train.py refuses to resume a
         checkpoint made with other settings)."""
-        sub = out / arch / f"n{n}-{settings_key(arch, n, {**settings.train, 'train_file_rows': plan.available}, {})}"
+        sub = out / arch / f"n{n}-{settings_key(arch, n, recipe, {})}"
         cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
                                      "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
                                      "device": device, "max_train_samples": n, "hidden": settings.hidden,
