@@ -101,5 +101,6 @@ def test_draft_vocab_by_masked_frequency():
     assert build_draft_vocab(counts, 2).tolist() == [5, 9]  # sorted by id
     assert build_draft_vocab(counts, 4).tolist() == [0, 1, 5, 9]  # padded with the lowest unseen ids
     assert coverage(counts, torch.tensor([9])) == pytest.approx(4 / 6)
-    with pytest.raises(ValueError, match="vocab_size"):
-        token_counts([{"input_ids": [20], "loss_mask": [1]}], 12)
+    with pytest.raises(ValueError, match="sample b: token id 20 >= vocab_size 12"):
+        token_counts([{"id": "a", "input_ids": [3], "loss_mask": [1]},
+                      {"id": "b", "input_ids": [20, 30], "loss_mask": [1, 0]}], 12)

@@ -213,3 +213,14 @@ def test_checkpoint_draft_reads_the_layers_it_was_trained_on(fixture_files, tmp_
         assert torch.equal(v, draft.state_dict()[k]), k
     export_draft(draft, tmp_path / "export")
     assert validate(tmp_path / "export", target) == []
+
+
+def test_side_by_side_children_split_the_cores(monkeypatch):
+    from draftlab.train_parallel import child_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert child_env(2)["OMP_NUM_THREADS"] == "8"
+    assert child_env(32)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    assert child_env(2)["OMP_NUM_THREADS"] == "3"

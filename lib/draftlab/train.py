@@ -427,6 +427,11 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     from draftlab.vocab import build_draft_vocab, coverage, save_vocab, token_counts
 
     t_setup = time.time()
+    phases, mark = {}, [t_setup]  # set-up seconds by phase (printed with the total): where a slow start goes
+
+    def phase_done(name: str) -> None:
+        phases[name], mark[0] = time.time() - mark[0], time.time()
+
     if cfg.arch not in ("eagle3", "eagle1"):
         raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
     if cfg.hidden not in ("online", "offline"):
@@ -454,6 +459,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     if target is None:
         target = load_target(cfg.target, device=device)
     target.model.requires_grad_(False)
+    phase_done("target")
     use_amp = device.startswith("cuda")
 
     def amp():
@@ -473,6 +479,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
                                         cfg.max_val_samples or None) if cfg.val_file else (None, None))
     if world > 1 and is_main:
         torch.distributed.barrier()
+    phase_done("data")
 
     # draft vocabulary and model
     counts = token_counts(train_ds, target.vocab_size)
@@ -489,6 +496,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     draft.to(device)
     if is_main:
         save_vocab(out_dir / "vocab.json", draft_ids, counts)
+    phase_done("vocab+draft")
 
     # hidden states
     offline = offline_val = None
@@ -512,6 +520,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         if offline.layers != layers:
             raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
     hidden_s = time.time() - t_hidden
+    phase_done("hidden")
     feats = Features(target, layers, use_aux, offline)
     feats_val = Features(target, layers, use_aux, offline_val)
 
@@ -582,7 +591,8 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         print(f"train {cfg.arch}: {len(lengths)} conversations ({train_stats}), {sum(lengths):,} tokens, "
               f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(counts, draft_ids):.3f}, "
               f"{total_steps} steps x {per_step} micro-batches, world {world}, device {device}; "
-              f"set-up {time.time() - t_setup:.1f} s", flush=True)
+              f"set-up {time.time() - t_setup:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in phases.items())}, "
+              f"rest {time.time() - t_setup - sum(phases.values()):.1f})", flush=True)
     from tqdm.auto import tqdm
 
     draft.train()

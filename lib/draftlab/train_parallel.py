@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,6 +34,15 @@ def cli_args(cfg: TrainConfig, resume: bool) -> list[str]:
         else:
             args += [flag, str(value)]
     return args + (["--resume"] if resume else [])
+
+
+def child_env(n_children: int) -> dict:
+    """The environment for each child: the cores split between them, unless OMP_NUM_THREADS is set.
+
+    16 OpenMP threads per process on 16 cores made every small CPU op of the set-up spin against
+    the other process (LOG.md, 2026-11-30, fourth session)."""
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n_children))
+    return {**os.environ, "OMP_NUM_THREADS": threads}
 
 
 def _die_with_parent() -> None:
@@ -79,13 +89,14 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
         load_tokenized(c.train_file, tokenizer, c.max_len, c.overlong, cache, c.max_train_samples or None)
         if c.val_file:
             load_tokenized(c.val_file, tokenizer, c.max_len, c.overlong, cache, c.max_val_samples or None)
+    env = child_env(len(cfgs))
     procs = {}
     for c in cfgs:
         out = Path(c.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "train.log", "a")
         procs[c.arch] = (subprocess.Popen([sys.executable, "-m", "draftlab.cli", "train", *cli_args(c, resume)],
-                                          stdout=log, stderr=subprocess.STDOUT,
+                                          stdout=log, stderr=subprocess.STDOUT, env=env,
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None), log, out)
     bar = tqdm(desc="train " + " + ".join(archs), unit="step")
     try:
