@@ -9,7 +9,7 @@ import json
 
 from draftlab.lookup import lookup_acceptance
 from draftlab.records import read_jsonl
-from draftlab.target import load_tokenizer
+from draftlab.target import load_tokenizer, render_chat
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
         if len(prompts) == args.rows:
             break
         msgs = row["messages"]
-        text = tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+        text = render_chat(tok, msgs[:-1], add_generation_prompt=True)
         prompts.append(tok(text, add_special_tokens=False)["input_ids"])
         answers.append(tok(msgs[-1]["content"], add_special_tokens=False)["input_ids"][: args.max_tokens])
     for s in map(int, args.steps.split(",")):

@@ -129,7 +129,7 @@ def test_draft_over_slot_cache_equals_dynamic_cache(tiny_target, draft, prompt_i
     ids = prompt_ids[1]
     n = len(ids)
     aux, _, _ = target_states(tiny_target, torch.tensor([ids]))
-    runner = sd.DraftRunner(draft, tiny_target, "EAGLE3", steps=4, max_len=128)
+    runner = sd.DraftRunner(draft, tiny_target, sd.SpecConfig(mode="EAGLE3", num_steps=4), max_len=128)
     with torch.no_grad():
         got = runner.chain(torch.tensor([ids[1:] + [7]]), aux, torch.tensor([0]),
                            torch.ones(n, n, dtype=torch.bool).tril()).tolist()

@@ -202,14 +202,10 @@ class TargetRunner:
 class DraftRunner:
     """The draft over a SlotCache, in the server mode's wiring (see module docstring)."""
 
-    def __init__(self, draft, target, mode: str, steps: int, max_len: int, topk: int = 1, num_draft_tokens: int = 0):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    def __init__(self, draft, target, config: SpecConfig, max_len: int):
         self.draft = draft
-        self.mode = mode
-        self.steps = steps
-        self.topk = topk
-        self.num_draft_tokens = num_draft_tokens or steps + 1
+        self.mode, self.steps, self.topk = config.mode, config.num_steps, config.topk
+        self.num_draft_tokens = config.num_draft_tokens
         self.max_len = max_len
         cfg = draft.config
         heads = cfg.num_attention_heads
@@ -425,8 +421,7 @@ class SpecEngine:
         self.eos = set(target.eos_token_ids)
         max_len = -(-max_len // 64) * 64  # aligned rows keep SDPA on its fused kernels
         self.max_len = max_len
-        self.draft_runner = (DraftRunner(draft, target, self.cfg.mode, self.cfg.num_steps, max_len, self.cfg.topk,
-                                         self.cfg.num_draft_tokens) if draft else None)
+        self.draft_runner = DraftRunner(draft, target, self.cfg, max_len) if draft else None
         feature = self.draft_runner.feature if self.draft_runner else "aux"
         layers = draft_layers(target, draft) if draft is not None else None  # what the draft was trained on
         self.runner = TargetRunner(target, feature, max_len, layers)

@@ -426,8 +426,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     from draftlab.target import avoid_cudnn_attention, load_target, resolve_device
     from draftlab.vocab import build_draft_vocab, coverage, save_vocab, token_counts
 
-    t_setup = time.time()
-    phases, mark = {}, [t_setup]  # set-up seconds by phase (printed with the total): where a slow start goes
+    phases, mark = {}, [time.time()]  # set-up seconds by phase (printed with their sum): where a slow start goes
 
     def phase_done(name: str) -> None:
         phases[name], mark[0] = time.time() - mark[0], time.time()
@@ -501,7 +500,6 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     # hidden states
     offline = offline_val = None
     use_aux = cfg.arch == "eagle3"
-    t_hidden = time.time()
     if cfg.hidden == "offline":
         hdtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(
             cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
@@ -519,7 +517,6 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         offline_val = OfflineHidden(hdir / "val", val_ds) if val_ds is not None else None
         if offline.layers != layers:
             raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
-    hidden_s = time.time() - t_hidden
     phase_done("hidden")
     feats = Features(target, layers, use_aux, offline)
     feats_val = Features(target, layers, use_aux, offline_val)
@@ -586,13 +583,13 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     where = []
     for e, plan, steps in plans:
         where += [(e, plan, j) for j in range(steps)]
+    phase_done("rest")
     if is_main:
         n_params = sum(p.numel() for p in params)
         print(f"train {cfg.arch}: {len(lengths)} conversations ({train_stats}), {sum(lengths):,} tokens, "
               f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(counts, draft_ids):.3f}, "
               f"{total_steps} steps x {per_step} micro-batches, world {world}, device {device}; "
-              f"set-up {time.time() - t_setup:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in phases.items())}, "
-              f"rest {time.time() - t_setup - sum(phases.values()):.1f})", flush=True)
+              f"set-up {sum(phases.values()):.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in phases.items())})", flush=True)
     from tqdm.auto import tqdm
 
     draft.train()
@@ -659,7 +656,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     result = {"draft": draft, "target": target, "out_dir": out_dir, "steps": step, "total_steps": total_steps,
               "finished": step >= total_steps, "eval": last_eval, "train_stats": train_stats, "val_stats": val_stats,
               "elapsed_s": elapsed, "elapsed_total_s": prior_s + elapsed, "resumed_from_step": started or None,
-              "hidden_precompute_s": hidden_s, "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
+              "hidden_precompute_s": phases["hidden"], "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
               "train_tokens": sum(lengths), "vocab_coverage": coverage(counts, draft_ids), "world": world}
     if is_main:
         (out_dir / "summary.json").write_text(json.dumps({k: v for k, v in result.items()

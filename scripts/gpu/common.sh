@@ -198,10 +198,9 @@ bench_generate_sweep() {  # before 03, while the GPU has nothing else to do
 }
 
 bench_generate_attention() {  # the same prompts with cuDNN's attention kernel on, then off (draftlab's default)
-  export DRAFTLAB_CUDNN_SDPA=1
-  bench_generate generate_cudnn_on dynamic "${ATTN_SIZES:-1,256,4096}"
-  unset DRAFTLAB_CUDNN_SDPA
-  bench_generate generate_cudnn_off dynamic "${ATTN_SIZES:-1,256,4096}"
+  local sizes=${ATTN_SIZES:-1,256,4096}
+  DRAFTLAB_CUDNN_SDPA=1 bench_generate generate_cudnn_on dynamic "$sizes"
+  bench_generate generate_cudnn_off dynamic "$sizes"
 }
 
 bench_generate_static() {  # the same with a static KV cache (transformers may compile the step)
@@ -270,10 +269,10 @@ report() {
 }
 
 save_draft() {  # the exported EAGLE-3 draft (bf16, ~29 MB) in 15 MB parts: for analysis here, never committed
-  local d=$RUN/drafts/${1:-eagle3}
-  [ -f "$d/model.safetensors" ] || return 0
-  tar -cf - -C "$RUN/drafts" "${1:-eagle3}" | split -b 15M -d -a 1 - "$OUT/draft-${1:-eagle3}.tar.part-"
-  say "draft: $(ls "$OUT"/draft-*.tar.part-* | wc -l) parts in $OUT (here: cat <files_at>/draft-${1:-eagle3}.tar.part-* | tar -xf - -C .device/drafts)"
+  local arch=${1:-eagle3}
+  [ -f "$RUN/drafts/$arch/model.safetensors" ] || return 0
+  tar -cf - -C "$RUN/drafts" "$arch" | split -b 15M -d -a 1 - "$OUT/draft-$arch.tar.part-"
+  say "draft: $(ls "$OUT"/draft-"$arch".tar.part-* | wc -l) parts in $OUT (here: cat <files_at>/draft-$arch.tar.part-* | tar -xf - -C .device/drafts)"
 }
 
 pack_reference() {  # results/reference for the commit: no weights, no data; $OUT/reference.tar.gz
