@@ -4,7 +4,10 @@ Why: a training step ran ~0.5 s for 16K tokens (25 TFLOP/s, far under the H200),
 reference engine's cycle jumped from 6.6 ms (S=5) to 9.6 ms (S=6). Timings do not depend on
 the weights, so this needs neither the GGUF nor the data: only the target's config.json.
 
-  python3 scripts/gpu/profile_parts.py CONFIG_JSON OUT_DIR [--parts train,spec]
+  python3 scripts/gpu/profile_parts.py CONFIG_JSON OUT_DIR [--parts train,spec,verify]
+
+`verify` times the target's graphed forward alone by number of new tokens (1-64), in fp32 and
+bf16, with the engine's additive mask and with a bool one: the fp32 chain's drop at S = 6.
 
 Writes OUT_DIR/profile.json and OUT_DIR/train_profile.txt (torch.profiler, one step).
 """
@@ -181,6 +184,42 @@ def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
     return rows
 
 
+VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32, 64)
+
+
+def profile_verify(config_json: Path, dtype, max_len=1024) -> dict:
+    """Median ms of one graphed TargetRunner.step by new tokens, for each mask kind (100 committed slots)."""
+    from draftlab import specdec
+    from draftlab.target import avoid_cudnn_attention
+
+    if DEVICE == "cuda":
+        avoid_cudnn_attention()  # as load_target does, so the engine's kernels are the ones timed
+    target = random_target(config_json, dtype)
+    name = str(dtype).split(".")[-1]
+    float_mask = specdec.build_mask
+    out = {}
+    with torch.inference_mode():
+        for kind in ("float", "bool"):
+            if kind == "bool":
+                specdec.build_mask = lambda base, anc, length, _dtype: float_mask(base, anc, length, torch.bool)
+            runner = specdec.TargetRunner(target, "aux", max_len)
+            try:
+                row = {}
+                for n in VERIFY_LENGTHS:
+                    ids = torch.zeros(1, n, dtype=torch.long, device=DEVICE)
+                    pos = torch.arange(100, 100 + n, device=DEVICE)[None]
+                    base = torch.tensor([100], device=DEVICE)
+                    anc = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril()
+                    row[n] = round(1e3 * timed(lambda: runner.step(ids, pos, base, anc, graph=DEVICE == "cuda"),
+                                               reps=50, warm=5), 3)
+                    print(f"  {name} {kind:5s} L={n:3d}: {row[n]:.3f} ms", flush=True)
+                out[f"{name}/{kind}"] = row
+            finally:
+                runner.close()
+                specdec.build_mask = float_mask
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config_json", type=Path)
@@ -198,6 +237,9 @@ def main() -> int:
     if "spec" in parts:
         dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
         result["spec"] = [row for dt in dtypes for row in profile_spec(args.config_json, dt)]
+    if "verify" in parts:
+        dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
+        result["verify_ms"] = {k: v for dt in dtypes for k, v in profile_verify(args.config_json, dt).items()}
     if "train" in parts:
         target = random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32)
         result["train"] = profile_train(target, args.out_dir, [int(x) for x in args.lengths.split(",")], args.tokens)
