@@ -261,6 +261,44 @@ def test_tree_graph_plumbing_matches_eager(tiny_target, draft, prompt_ids, refer
     assert [r.accepted for r in results] == want and sum(map(sum, want)) > 0
 
 
+@pytest.mark.parametrize("tree", [{}, dict(topk=3, num_draft_tokens=8)])
+def test_bucketed_prefill_hides_its_padding(tiny_target, draft, prompt_ids, reference, tree):
+    """Prompts padded to a multiple of 16 (as CUDA graphs of a few lengths need): greedy and
+    speculative decoding are unchanged, and the draft accepts the same tokens at every cycle as
+    with exact lengths, so neither cache lets a padding slot be seen."""
+    cfg = dict(num_steps=3, max_new_tokens=MAX_NEW, cuda_graphs=False, **tree)
+    exact = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, prefill_bucket=0), max_len=256)
+    want = [exact.speculative(p).accepted for p in prompt_ids]
+    exact.close()
+    padded = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, prefill_bucket=16), max_len=256)
+    assert {padded._prefill_size(len(p)) % 16 for p in prompt_ids} == {0}
+    assert any(padded._prefill_size(len(p)) > len(p) for p in prompt_ids), "no prompt was padded"
+    assert [padded.greedy(p).tokens for p in prompt_ids] == reference
+    results = [padded.speculative(p) for p in prompt_ids]
+    padded.close()
+    assert [r.tokens for r in results] == reference
+    assert [r.accepted for r in results] == want and sum(map(sum, want)) > 0
+
+
+def test_prefill_graphs_are_captured_before_the_prompts(tiny_target, draft, prompt_ids, reference, monkeypatch):
+    """capture(prompt_lengths) records one target and one draft prefill graph per bucket, so a timed
+    run never captures; replaying them is lossless."""
+    monkeypatch.setattr(sd, "Graphed", FakeGraphed)
+    engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=MAX_NEW, cuda_graphs=True,
+                                                            prefill_bucket=16), max_len=256)
+    engine.capture([len(p) for p in prompt_ids])
+    buckets = {-(-len(p) // 16) * 16 for p in prompt_ids}
+    assert set(engine.runner.graphs) == {1, 3} | buckets
+    assert set(engine.draft_runner.extend_graphs) == {-(-(len(p) - 1) // 16) * 16 for p in prompt_ids}
+    before = (dict(engine.runner.graphs), dict(engine.draft_runner.graphs), dict(engine.draft_runner.extend_graphs))
+    assert [engine.greedy(p).tokens for p in prompt_ids] == reference
+    results = [engine.speculative(p) for p in prompt_ids]
+    after = (engine.runner.graphs, engine.draft_runner.graphs, engine.draft_runner.extend_graphs)
+    engine.close()
+    assert [r.tokens for r in results] == reference
+    assert all(a == b for a, b in zip(before, after)), "a graph was captured during the prompts"
+
+
 def test_failed_graph_capture_falls_back_to_eager(tiny_target, draft, prompt_ids):
     """Graphs asked for where they cannot be captured (the CPU): the run goes on eagerly, lossless,
     and reports that graphs were off and why."""

@@ -251,7 +251,7 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
     draft = load_draft(draft_dir, target)
     cfg = SpecConfig(mode="EAGLE3", num_steps=steps, topk=1, max_new_tokens=max_new_tokens)
     need = max(len(p) for p in prompt_ids) + max_new_tokens + steps + 4
-    engine = graphed_engine(target, draft, cfg, need, prompt_ids[0])
+    engine = graphed_engine(target, draft, cfg, need, prompt_ids[0], [len(p) for p in prompt_ids])
     try:
         from tqdm.auto import tqdm
 

@@ -160,6 +160,7 @@ class TargetRunner:
         self.cache_kw = _cache_kwarg(self.model)
         self.feature = feature
         self.layers = list(layers or target.capture_layers) if feature == "aux" else []
+        self.width = cfg.hidden_size * (len(self.layers) if feature == "aux" else 1)  # F of the features [L,F]
         self._captured: dict = {}
         base = getattr(self.model, "model", self.model)
         self._hooks = [base.layers[i].register_forward_pre_hook(self._pre_hook(i)) for i in self.layers]
@@ -216,6 +217,7 @@ class DraftRunner:
         self.cache = SlotCache(1, kv_heads, head_dim, max_len, self.dtype, self.device)
         self.target_head = target.model.get_output_embeddings()
         self.graphs: dict[int, Graphed] = {}
+        self.extend_graphs: dict[int, Graphed] = {}  # the prompt's bucketed prefill (no drafting)
         self._tri1 = torch.ones(1, 1, dtype=torch.bool, device=self.device)
 
     @property
@@ -251,16 +253,25 @@ class DraftRunner:
         logits, hidden_out, _ = self.draft(ids, hidden, pos, past_key_values=self.cache, attention_mask=mask)
         return logits, hidden_out
 
-    def _extend_and_chain(self, ids, feats, base, anc):
-        """Extend over L committed tokens (draft positions base..base+L-1), then chain S - 1 steps.
+    def _extend(self, ids, feats, base, anc):
+        """Write the draft's KV for L committed tokens at draft positions base..base+L-1.
 
         ids [1,L] (token p+1 at draft position p), feats [1,L,F] target features of tokens
-        base..base+L-1. Returns the S draft tokens [S] (target ids) and the last logits/hidden.
-        """
-        n_new = ids.shape[1]
-        pos = (base + torch.arange(n_new, device=ids.device))[None]  # [1,L]
+        base..base+L-1. Returns (logits [1,L,V*], hidden_out [1,L,H])."""
+        pos = (base + torch.arange(ids.shape[1], device=ids.device))[None]  # [1,L]
         mask = build_mask(base, anc, self.max_len, torch.bool)
-        logits, hidden_out = self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
+        return self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
+
+    def extend(self, ids, feats, base, anc, graph: bool = False):
+        """`_extend` alone: the prompt's prefill, in buckets of padded lengths when graphed."""
+        return _maybe_graphed(self.extend_graphs, self._extend, (ids, feats, base, anc), graph)
+
+    def _extend_and_chain(self, ids, feats, base, anc):
+        """Extend over L committed tokens (see `_extend`), then chain S - 1 steps.
+
+        Returns the S draft tokens [S] (target ids)."""
+        n_new = ids.shape[1]
+        logits, hidden_out = self._extend(ids, feats, base, anc)
         tok = self.pick(logits[:, -1:], hidden_out[:, -1:])  # [1,1]
         hidden = hidden_out[:, -1:]
         toks = [tok]
@@ -283,11 +294,8 @@ class DraftRunner:
         Returns the D - 1 drafted nodes, parents first: tokens [D-1] (target ids), depths [D-1]
         (1 = child of the root), and for the verify list [root] + nodes: parents [D] (list index
         of each entry's parent; the root is its own) and anc [D,D] (ancestor-or-self mask)."""
-        n_new = ids.shape[1]
-        pos = (base + torch.arange(n_new, device=ids.device))[None]  # [1,L]
-        mask = build_mask(base, anc, self.max_len, torch.bool)
-        logits, hidden_out = self.forward(ids, self.hidden_in(feats), pos, pos[0], mask)
-        return self._grow(logits[0, -1], hidden_out[0, -1], base + n_new)
+        logits, hidden_out = self._extend(ids, feats, base, anc)
+        return self._grow(logits[0, -1], hidden_out[0, -1], base + ids.shape[1])
 
     def _grow(self, logits, hidden, m):
         """SGLang-style expansion from the root at position m ([1] tensor): S steps, each feeding the
@@ -387,6 +395,11 @@ class SpecConfig:
     num_draft_tokens: int | None = None  # D: verified tokens incl. the root; chain forces S + 1
     max_new_tokens: int = 128
     cuda_graphs: bool | None = None  # None: on when the target is on CUDA
+    # Pad each prompt's prefill to a multiple of this many tokens, so that a few CUDA graphs serve
+    # every prompt (an eager prefill of the 30-layer embedded target takes ~40 ms, ~8% of a
+    # 128-token greedy decode on the H200). The padding's KV lands in slots that the mask hides
+    # until a later step overwrites them. None: 64 on CUDA, 0 (exact lengths) elsewhere.
+    prefill_bucket: int | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -418,6 +431,8 @@ class SpecEngine:
         self.device = next(target.model.parameters()).device
         graphs = self.cfg.cuda_graphs
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
+        bucket = self.cfg.prefill_bucket
+        self.prefill_bucket = (64 if self.device.type == "cuda" else 0) if bucket is None else bucket
         self.eos = set(target.eos_token_ids)
         max_len = -(-max_len // 64) * 64  # aligned rows keep SDPA on its fused kernels
         self.max_len = max_len
@@ -432,24 +447,30 @@ class SpecEngine:
         self.runner.close()
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, prompt_lengths=()) -> None:
         """Capture every CUDA graph the decode loops replay, before any prompt (the dummy writes
-        land in slots that the next prefill overwrites before anything can see them)."""
+        land in slots that the next prefill overwrites before anything can see them), and the
+        bucketed prefills of prompts of these lengths, so that no capture lands in a timed run."""
         if not self.use_graphs:
             return
-        zeros = lambda n: torch.zeros(1, n, dtype=torch.long, device=self.device)
+        zeros = lambda n: torch.zeros(1, n, dtype=torch.long, device=self.device)  # noqa: E731
+        arange = lambda n: torch.arange(n, device=self.device)[None]  # noqa: E731
+        feats = lambda n: torch.zeros(1, n, self.runner.width, dtype=self.runner.dtype, device=self.device)  # noqa: E731
         base = self._t([0])
         self.runner.step(zeros(1), zeros(1), base, self._tril(1), graph=True)
+        for size in sorted({self._prefill_size(n) for n in prompt_lengths}):
+            if self._prefill_graphed(size):
+                self.runner.step(zeros(size), arange(size), base, self._tril(size), graph=True)
         if self.draft_runner is None:
             return
         s_steps, d = self.cfg.num_steps, self.cfg.num_draft_tokens  # the verify: D tokens (S + 1 for a chain)
-        self.runner.step(zeros(d), torch.arange(d, device=self.device)[None], base, self._tril(d), graph=True)
-        hidden = self.target.model.config.get_text_config().hidden_size
-        width = 3 * hidden if self.runner.feature == "aux" else hidden
+        self.runner.step(zeros(d), arange(d), base, self._tril(d), graph=True)
         draft = self.draft_runner.chain if self.cfg.topk == 1 else self.draft_runner.grow
         for n in range(1, s_steps + 2):  # a cycle accepts 0..S tokens: the draft extends over 1..S + 1
-            feats = torch.zeros(1, n, width, dtype=self.runner.dtype, device=self.device)
-            draft(zeros(n), feats, base, self._tril(n), graph=True)
+            draft(zeros(n), feats(n), base, self._tril(n), graph=True)
+        for size in sorted({self._prefill_size(n - 1) for n in prompt_lengths if n > 1}):
+            if self._prefill_graphed(size):
+                self.draft_runner.extend(zeros(size), feats(size), base, self._tril(size), graph=True)
         _sync(self.device)
 
     # ---- helpers
@@ -468,12 +489,42 @@ class SpecEngine:
             raise ValueError(f"prompt of {n_prompt} tokens + {self.cfg.max_new_tokens} new needs a cache of "
                              f"{need} slots; the engine was built with max_len={self.max_len}")
 
+    def _prefill_size(self, n: int) -> int:
+        """Tokens the prefill of n tokens runs: n rounded up to the bucket (n when off or too long)."""
+        if not self.prefill_bucket:
+            return n
+        size = -(-n // self.prefill_bucket) * self.prefill_bucket
+        return size if size <= self.max_len else n
+
+    def _prefill_graphed(self, size: int) -> bool:
+        return self.use_graphs and bool(self.prefill_bucket) and size % self.prefill_bucket == 0
+
+    def _padded(self, values: list[int], size: int) -> torch.Tensor:
+        """[1,size] ids: values, then token 0 as padding (its slots are never visible)."""
+        return self._t([values + [0] * (size - len(values))])
+
     def _prefill(self, prompt_ids: list[int]):
-        """Target prefill (eager): returns (first token, features [n,F])."""
+        """Target prefill: returns (first token, features [n,F])."""
         n = len(prompt_ids)
-        ids = self._t([prompt_ids])
-        greedy, feats = self.runner.step(ids, ids.new_tensor([list(range(n))]), self._t([0]), _tril(n, self.device))
-        return int(greedy[-1]), feats
+        size = self._prefill_size(n)
+        anc = self._tril(size) if size != n else _tril(n, self.device)  # buckets are few; exact lengths many
+        greedy, feats = self.runner.step(self._padded(prompt_ids, size), self._t([list(range(size))]), self._t([0]),
+                                         anc, graph=self._prefill_graphed(size))
+        return int(greedy[n - 1]), feats[:n]
+
+    def _draft_prefill(self, prompt_ids: list[int], root: int, feats):
+        """The draft over the prompt: extend over its first n - 1 positions (bucketed like the
+        target's prefill), then the cycle's own graphed step over the last one, which drafts.
+        Draft position p holds token p + 1 (the root at n - 1) with the target's features of token p."""
+        n = len(prompt_ids)
+        if n > 1:
+            size = self._prefill_size(n - 1)
+            anc = self._tril(size) if size != n - 1 else _tril(n - 1, self.device)
+            pad = torch.zeros(size - (n - 1), feats.shape[-1], dtype=feats.dtype, device=self.device)
+            self.draft_runner.extend(self._padded(prompt_ids[1:], size), torch.cat([feats[: n - 1], pad])[None],
+                                     self._t([0]), anc, graph=self._prefill_graphed(size))
+        draft = self.draft_runner.chain if self.cfg.topk == 1 else self.draft_runner.grow
+        return draft(self._t([[root]]), feats[None, n - 1:], self._t([n - 1]), self._tril(1), graph=self.use_graphs)
 
     # ---- plain greedy
     @torch.inference_mode()
@@ -521,9 +572,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         n = len(prompt_ids)
         root, feats = self._prefill(prompt_ids)
-        # draft prefill: token p+1 at draft position p, features of tokens 0..n-1
-        d_ids = self._t([prompt_ids[1:] + [root]])
-        drafted = self.draft_runner.chain(d_ids, feats[None], self._t([0]), _tril(n, dev))
+        drafted = self._draft_prefill(prompt_ids, root, feats)
         _sync(dev)
         t1 = time.perf_counter()
         res = PromptResult(tokens=[root], prefill_s=t1 - t0)
@@ -569,7 +618,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         n = len(prompt_ids)
         root, feats = self._prefill(prompt_ids)
-        tree = self.draft_runner.grow(self._t([prompt_ids[1:] + [root]]), feats[None], self._t([0]), _tril(n, dev))
+        tree = self._draft_prefill(prompt_ids, root, feats)
         _sync(dev)
         t1 = time.perf_counter()
         res = PromptResult(tokens=[root], prefill_s=t1 - t0)
@@ -674,8 +723,10 @@ def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bo
 _GRAPHS_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> drafting shapes checked
 
 
-def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int]) -> SpecEngine:
-    """An engine with its CUDA graphs captured, or an eager one when capture fails.
+def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int],
+                   prompt_lengths=()) -> SpecEngine:
+    """An engine with its CUDA graphs captured (the prefills of prompts of `prompt_lengths` too),
+    or an eager one when capture fails.
 
     The first engine of each draft and drafting shape also decodes `probe` both ways, greedily
     and speculatively, and falls back to eager if the replay differs (greedy tokens, or the number
@@ -685,9 +736,9 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
     if not engine.use_graphs:
         return engine
     key = draft if draft is not None else target.model
-    shape = (config.mode, config.num_steps, config.topk, config.num_draft_tokens)
+    shape = (config.mode, config.num_steps, config.topk, config.num_draft_tokens, engine.prefill_bucket)
     try:
-        engine.capture()
+        engine.capture([len(probe), *prompt_lengths])
         if shape not in _GRAPHS_CHECKED.get(key, set()):
             decode = lambda: (engine.greedy(probe).tokens, sum(engine.speculative(probe).accepted) if draft else 0)  # noqa: E731
             graphed = decode()
@@ -717,7 +768,7 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
     """Greedy vs speculative on the same prompts in the same engine: stats, speedup, losslessness."""
     need = max(len(p) for p in prompt_ids) + config.max_new_tokens + config.slots_after_root() + 2
     max_len = max(max_len or 0, need)
-    engine = graphed_engine(target, draft, config, max_len, prompt_ids[0])
+    engine = graphed_engine(target, draft, config, max_len, prompt_ids[0], [len(p) for p in prompt_ids])
     try:
         for p in prompt_ids[:warmup]:  # first-call costs outside the timed runs
             engine.greedy(p)
@@ -733,7 +784,8 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
     return {
         "eval_set": eval_set,
         "samples": len(prompt_ids),
-        **{k: v for k, v in asdict(config).items() if k != "cuda_graphs"},
+        **{k: v for k, v in asdict(config).items() if k not in ("cuda_graphs", "prefill_bucket")},
+        "prefill_bucket": engine.prefill_bucket,
         "device": str(engine.device),
         "dtype": str(engine.runner.dtype).replace("torch.", ""),
         "cuda_graphs": engine.use_graphs,
@@ -756,11 +808,13 @@ def public(result: dict) -> dict:
 
 
 def chain_sweep(target, draft, prompt_ids, steps=range(1, 8), mode: str = "EAGLE3", max_new_tokens: int = 128,
-                eval_set: str = "prompts", progress: bool = True, cuda_graphs: bool | None = None) -> list[dict]:
+                eval_set: str = "prompts", progress: bool = True, cuda_graphs: bool | None = None,
+                prefill_bucket: int | None = None) -> list[dict]:
     """Chain acceptance and speedup for S = 1..7 (greedy decoded once and reused)."""
     rows, greedy = [], None
     for s in steps:
-        cfg = SpecConfig(mode=mode, num_steps=s, topk=1, max_new_tokens=max_new_tokens, cuda_graphs=cuda_graphs)
+        cfg = SpecConfig(mode=mode, num_steps=s, topk=1, max_new_tokens=max_new_tokens, cuda_graphs=cuda_graphs,
+                         prefill_bucket=prefill_bucket)
         res = compare(target, draft, prompt_ids, cfg, eval_set, greedy_results=greedy, progress=progress,
                       warmup=1 if greedy is None else 0)
         greedy = res["_greedy_results"]
@@ -791,11 +845,12 @@ def bench_specdec(args: argparse.Namespace) -> int:
     rows = []
     graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
     if args.topk == 1:
-        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name, cuda_graphs=graphs)
+        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name, cuda_graphs=graphs,
+                           prefill_bucket=args.prefill_bucket)
     else:
         for s in steps:
             cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs)
+                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket)
             rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
         print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} D={r['num_draft_tokens']}: "
@@ -816,6 +871,8 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default: the lossless check is exact) or bfloat16")
     p.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"), help="auto: on with CUDA")
+    p.add_argument("--prefill-bucket", type=int, default=None,
+                   help="pad prompts to a multiple of this for graphed prefills (default: 64 on CUDA, 0 elsewhere)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (2 only on a quiet CPU)")
     p.add_argument("--mode", default="EAGLE3", choices=MODES)
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
