@@ -66,7 +66,11 @@ work = run.dir / "scaling"
 # %% [markdown]
 # ## 1 · Nested subsets and the recipe
 # One seeded shuffle of the regenerated training set; the subset of size n is its first n rows,
-# so every subset holds the smaller ones. Every size is trained for the same number of epochs.
+# so every subset holds the smaller ones. Every size is trained for the same number of epochs,
+# so a smaller subset also gets fewer optimizer steps: the curve mixes data volume with
+# optimisation. Check that the recipe has converged before reading it as a data curve: on one H200,
+# 5 epochs over the same 21,612 conversations instead of 2 took simulated acceptance from 2.34 to
+# 3.94 (`results/h200-epochs5-2026-12-01`), beyond what the 2-epoch study predicted for 10x data.
 
 # %%
 plan = scaling.prepare(run.dir, work, SIZES, SEED, VAL_SAMPLES)
@@ -151,3 +155,4 @@ nb.save_metrics(run, {
 # How to read it: if the log-linear band at 10x stays below the goal, more of the same data will
 # not close the gap; if the saturating fit's ceiling is close to the current point, the draft (or
 # its recipe: epochs, vocabulary, TTT length), not the data volume, is what limits acceptance.
+# Before paying for regeneration, train the largest subset longer (04's `EPOCHS`) and compare.

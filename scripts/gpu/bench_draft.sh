@@ -7,7 +7,7 @@
 #   bench_draft.sh                                carry [.device/b, .whl, .device/draft-a]
 #   bench_draft.sh                                carry [.device/draft-b, .device/prompts]
 # Each call stashes what it carried under $DL; the call that completes the set runs the benches
-# (BENCHES, below) until this call's deadline (BUDGET_S) and writes their JSON and logs under $OUT.
+# at the end of this file until its deadline (BUDGET_S) and writes their JSON and log under $OUT.
 source "$(dirname "$0")/common.sh"
 PARTS=$DL/draft-parts
 mkdir -p "$PARTS" "$DL/prompts"
@@ -32,19 +32,23 @@ DRAFT=$DL/draft/eagle3
 BLEND=$DL/prompts/test.jsonl
 N=${SAMPLES:-64}
 
-bench() {  # bench NAME ARGS...: one `draftlab bench specdec` run, if this call has the time
+bench() {  # bench NAME ARGS...: one `draftlab bench specdec` run (blend prompts unless ARGS say), if there is time
   local name=$1; shift
   [ -s "$OUT/$name.json" ] && return 0
   if [ "$(left)" -lt "${MIN_LEFT:-60}" ]; then say "$name: skipped, $(left) s left"; return 0; fi
   say "bench $name: $*"
   timeout "$(left)" python3 -m draftlab.cli bench specdec --target embedded --draft "$DRAFT" --device cuda \
-    --max-new-tokens 128 --samples "$N" --out "$OUT/$name.json" "$@" 2>&1 | grep -v "it/s\]\|s/it\]"
+    --max-new-tokens 128 --samples "$N" --eval-set "$BLEND" --out "$OUT/$name.json" "$@" 2>&1 | grep -v "it/s\]\|s/it\]"
   say "bench $name: exit ${PIPESTATUS[0]}"
 }
 
-# In priority order: the graphed prefill (default) against the eager one, same draft, same prompts.
-bench bf16_chain_blend      --dtype bfloat16 --steps 3,4,5,6,7 --eval-set "$BLEND"
-bench bf16_chain_blend_nopad --dtype bfloat16 --steps 3,5 --eval-set "$BLEND" --prefill-bucket 0
-bench bf16_chain_humaneval  --dtype bfloat16 --steps 4,5 --eval-set humaneval
-bench fp32_chain_blend      --dtype float32 --steps 3,4,5 --eval-set "$BLEND"
+if [ -n "${BENCH:-}" ]; then  # one run of your own instead: BENCH="NAME ARGS..." (e.g. a repeat)
+  read -r -a one <<< "$BENCH"
+  bench "${one[@]}"
+else  # in priority order: the graphed prefill (default) against the eager one, same draft, same prompts
+  bench bf16_chain_blend       --dtype bfloat16 --steps 3,4,5,6,7
+  bench bf16_chain_blend_nopad --dtype bfloat16 --steps 3,5 --prefill-bucket 0
+  bench bf16_chain_humaneval   --dtype bfloat16 --steps 4,5 --eval-set humaneval
+  bench fp32_chain_blend       --dtype float32 --steps 3,4,5
+fi
 say "DONE: $(ls "$OUT"/*.json 2>/dev/null | wc -l) result files in $OUT"
