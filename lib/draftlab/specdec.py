@@ -500,6 +500,13 @@ class SpecEngine:
     def _prefill_graphed(self, size: int) -> bool:
         return self.use_graphs and bool(self.prefill_bucket) and size % self.prefill_bucket == 0
 
+    def _prefill_plan(self, n: int):
+        """(size, graphed, anc [size,size]) of a prefill over n tokens."""
+        size = self._prefill_size(n)
+        graphed = self._prefill_graphed(size)
+        anc = self._tril(size) if graphed else _tril(size, self.device)  # buckets are few; exact lengths many
+        return size, graphed, anc
+
     def _padded(self, values: list[int], size: int) -> torch.Tensor:
         """[1,size] ids: values, then token 0 as padding (its slots are never visible)."""
         return self._t([values + [0] * (size - len(values))])
@@ -507,9 +514,7 @@ class SpecEngine:
     def _prefill(self, prompt_ids: list[int]):
         """Target prefill: returns (first token, features [n,F])."""
         n = len(prompt_ids)
-        size = self._prefill_size(n)
-        graphed = self._prefill_graphed(size)
-        anc = self._tril(size) if graphed else _tril(size, self.device)  # buckets are few; exact lengths many
+        size, graphed, anc = self._prefill_plan(n)
         greedy, feats = self.runner.step(self._padded(prompt_ids, size), self._t([list(range(size))]), self._t([0]),
                                          anc, graph=graphed)
         return int(greedy[n - 1]), feats[:n]
@@ -520,9 +525,7 @@ class SpecEngine:
         Draft position p holds token p + 1 (the root at n - 1) with the target's features of token p."""
         n = len(prompt_ids)
         if n > 1:
-            size = self._prefill_size(n - 1)
-            graphed = self._prefill_graphed(size)
-            anc = self._tril(size) if graphed else _tril(size, self.device)
+            size, graphed, anc = self._prefill_plan(n - 1)
             pad = torch.zeros(size - (n - 1), feats.shape[-1], dtype=feats.dtype, device=self.device)
             self.draft_runner.extend(self._padded(prompt_ids[1:], size), torch.cat([feats[: n - 1], pad])[None],
                                      self._t([0]), anc, graph=graphed)

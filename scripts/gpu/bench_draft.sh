@@ -15,7 +15,7 @@ for d in .device/draft-*; do
   [ -d "$d" ] && cp "$d"/* "$PARTS"/ && say "stashed $(ls "$d" | paste -sd ' ') from $d"
 done
 [ -d .device/prompts ] && cp .device/prompts/* "$DL/prompts"/
-ensure_wheels && ensure_gguf && ensure_target || { say "FAILED: set-up (see above)"; exit 1; }
+ensure_all || { say "FAILED: set-up (see above)"; exit 1; }
 
 want=$(cat "$PARTS/COUNT" 2>/dev/null || echo 0)
 have=$(ls "$PARTS"/draft.tar.part-* 2>/dev/null | wc -l)

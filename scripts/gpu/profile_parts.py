@@ -234,11 +234,10 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__}
     parts = args.parts.split(",")
+    dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
     if "spec" in parts:
-        dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
         result["spec"] = [row for dt in dtypes for row in profile_spec(args.config_json, dt)]
     if "verify" in parts:
-        dtypes = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
         result["verify_ms"] = {k: v for dt in dtypes for k, v in profile_verify(args.config_json, dt).items()}
     if "train" in parts:
         target = random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32)
