@@ -674,12 +674,17 @@ class SpecEngine:
 # --------------------------------------------------------------------------- runs and summaries
 
 def encode_prompts(target, prompts: list) -> list[list[int]]:
-    """Chat prompts (lists of messages, or plain strings as one user turn) -> token ids."""
+    """Chat prompts (lists of messages, or plain strings as one user turn) -> token ids.
+
+    `target` is a Target or just its tokenizer: SGLang's /generate gets these same ids."""
+    from draftlab.target import render_chat
+
+    tokenizer = getattr(target, "tokenizer", target)
     out = []
     for p in prompts:
         messages = [{"role": "user", "content": p}] if isinstance(p, str) else p
-        text = target.render(messages, add_generation_prompt=True)
-        out.append(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+        text = render_chat(tokenizer, messages, add_generation_prompt=True)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 
 

@@ -1,0 +1,118 @@
+"""draftlab.sglang.live and .study: windows over /generate, resumable results, the study's table."""
+
+import json
+
+import httpx
+import pytest
+
+from draftlab.bench import Window
+from draftlab.launch import parse_launch
+from draftlab.sglang import live
+from draftlab.sglang.study import _trees, study_entries
+
+
+def mock_generate(verify_every: int | None, outputs=None):
+    """A transport that answers /generate like SGLang: output ids, meta_info with spec_verify_ct
+    (when speculative), and records flushes and bodies."""
+    seen = {"flush": 0, "bodies": []}
+
+    def handler(request: httpx.Request):
+        if request.url.path == "/flush_cache":
+            seen["flush"] += 1
+            return httpx.Response(200, text="Cache flushed.")
+        assert request.url.path == "/generate"
+        body = json.loads(request.content)
+        seen["bodies"].append(body)
+        n = body["sampling_params"]["max_new_tokens"]
+        ids = outputs(body["input_ids"]) if outputs else [t + 1 for t in body["input_ids"]][:n]
+        meta = {"completion_tokens": len(ids), "prompt_tokens": len(body["input_ids"]),
+                "finish_reason": {"type": "length"}}
+        if verify_every:
+            meta["spec_verify_ct"] = -(-len(ids) // verify_every)
+        return httpx.Response(200, json={"text": "x", "output_ids": ids, "meta_info": meta})
+
+    return httpx.MockTransport(handler), seen
+
+
+PROMPTS = [[i, i + 1, i + 2, i + 3] for i in range(0, 40, 4)]
+
+
+def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
+    transport, seen = mock_generate(verify_every=2)
+    entry = live.Entry("EAGLE3 S3", "cmd", concurrency=[1, 4], steps=3, topk=1, draft_tokens=4, algorithm="EAGLE3")
+    windows, first = live.measure_server("http://sg:1", entry, PROMPTS, repeats=2, warmup=2, max_new_tokens=4,
+                                         transport=transport)
+    assert len(windows) == 4 and seen["flush"] == 4
+    assert len(seen["bodies"]) == 2 + 4 * len(PROMPTS)
+    assert all(b["sampling_params"] == {"temperature": 0, "max_new_tokens": 4} for b in seen["bodies"])
+    assert [b["input_ids"] for b in seen["bodies"][2:2 + len(PROMPTS)]] == PROMPTS
+    w = windows[0]
+    assert w.completion_tokens == 40 and w.verify_steps == 20 and w.acceptance_length == pytest.approx(2.0)
+    assert [r.index for r in first] == list(range(len(PROMPTS)))  # batch-1 outputs, in prompt order
+    assert first[0].output_ids == [1, 2, 3, 4]
+
+
+def test_a_plain_server_has_no_acceptance_and_a_dead_one_fails_loudly():
+    transport, _ = mock_generate(verify_every=None)
+    windows, _ = live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0,
+                                     max_new_tokens=4, transport=transport)
+    assert windows[0].acceptance_length is None and windows[0].verify_steps is None
+    dead = httpx.MockTransport(lambda r: httpx.Response(503, text="down"))
+    with pytest.raises(RuntimeError, match="every request failed"):
+        live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0,
+                            max_new_tokens=4, transport=dead)
+
+
+def test_an_answer_without_output_ids_is_an_error_not_a_match():
+    bad = httpx.MockTransport(lambda r: httpx.Response(200, json={"text": "x", "meta_info": {"completion_tokens": 1}}))
+    with pytest.raises(RuntimeError, match="no 'output_ids'"):
+        live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS[:2], repeats=1, warmup=0,
+                            max_new_tokens=4, transport=bad)
+
+
+def test_agreement_counts_identical_outputs_and_common_prefix():
+    a = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    b = [[1, 2, 3], [4, 9, 6], [0, 8]]
+    got = live.agreement(a, b)
+    assert got["identical"] == 1 and got["prompts"] == 3
+    assert got["mean_common_prefix"] == pytest.approx((3 + 1 + 0) / 3)
+    with pytest.raises(ValueError):
+        live.agreement(a, b[:2])
+
+
+def _write_result(out, label, tok_s, completion, verify, outputs, concurrency=1, **extra):
+    w = Window(label, "u", concurrency, 0, len(outputs), completion, verify, completion / tok_s, tok_s,
+               completion / verify if verify else None, True, 0, True)
+    live._append_jsonl(out / "windows.jsonl", [{**w.__dict__, "steps": extra.get("steps"),
+                                                "server_avg_accept_length": extra.get("server")}])
+    live._append_jsonl(out / "outputs" / f"{live.slug(label)}.jsonl",
+                       [{"index": i, "output_ids": o} for i, o in enumerate(outputs)])
+
+
+def test_summary_gives_speedup_against_the_baseline_and_agreement(tmp_path):
+    _write_result(tmp_path, "baseline", 800.0, 1000, None, [[1, 2, 3], [4, 5]])
+    _write_result(tmp_path, "EAGLE3 S6 K1 D7", 1200.0, 1000, 400, [[1, 2, 3], [4, 6]], steps=6, server=2.49)
+    table = live.summarize(tmp_path).set_index("label")
+    spec = table.loc["EAGLE3 S6 K1 D7"]
+    assert spec["speedup"] == pytest.approx(1.5) and spec["acceptance_length"] == pytest.approx(2.5)
+    assert spec["server_avg_accept_length"] == pytest.approx(2.49) and spec["steps"] == 6
+    assert spec["identical"] == 1 and spec["mean_common_prefix"] == pytest.approx(2.0)
+    assert live._done_labels(tmp_path) == {"baseline", "EAGLE3 S6 K1 D7"}  # a rerun skips both
+
+
+def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
+    entries = study_entries("/m", "/d", chain=[1, 2, 6], main_steps=6, trees=_trees("5x4x8,6x8x16"),
+                            concurrency=[1, 4, 16, 64], wrong_flag=True, max_running_requests=64, port=31000,
+                            extra=("--attention-backend", "triton"))
+    by = {e.label: e for e in entries}
+    assert list(by)[0] == "baseline" and by["baseline"].concurrency == [1, 4, 16, 64]
+    assert by["EAGLE3 S6 K1 D7"].concurrency == [1, 4, 16, 64] and by["EAGLE3 S1 K1 D2"].concurrency == [1]
+    assert by["EAGLE3 S5 K4 D8"].topk == 4 and "EAGLE3 S6 K8 D16" in by
+    wrong = entries[-1]
+    assert wrong.algorithm == "EAGLE" and wrong.concurrency == [1]
+    settings = [parse_launch(e.command) for e in entries]
+    assert {s.max_running_requests for s in settings} == {64}
+    assert parse_launch(wrong.command).speculative_algorithm == "EAGLE"
+    assert len({e.command.split("--port ")[1].split()[0] for e in entries}) == len(entries)  # side by side
+    with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
+        _trees("5x4")

@@ -1,0 +1,129 @@
+"""draftlab.sglang.server: real child processes started, health-checked, and never left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from draftlab.serve import free_port, sglang_speculative_command
+from draftlab.sglang.server import ServerProcess, ServerStartError, SGLangServer, sglang_argv, stop_stale
+
+HEALTH = Path(__file__).parent / "helpers_sglang" / "health_server.py"
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _grandchild(log: Path) -> int:
+    for _ in range(100):
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith("grandchild "):
+                return int(line.split()[1])
+        time.sleep(0.1)
+    raise AssertionError(f"no grandchild pid in {log}")
+
+
+def _server(tmp_path, *extra, timeout=20.0):
+    port = free_port()
+    return ServerProcess([sys.executable, str(HEALTH), str(port), *extra], tmp_path / "logs" / "srv.log",
+                         base_url=f"http://127.0.0.1:{port}", startup_timeout=timeout,
+                         registry=tmp_path / "registry")
+
+
+def test_start_waits_for_health_and_stop_takes_the_whole_group(tmp_path):
+    srv = _server(tmp_path, "--ready-after", "1.0", "--spawn-child")
+    t0 = time.monotonic()
+    with srv:
+        assert time.monotonic() - t0 >= 1.0 and srv.alive()  # 503 until ready: it waited
+        assert srv.startup_s >= 1.0
+        grandchild = _grandchild(srv.log_path)
+        assert json.loads((tmp_path / "registry" / f"{srv.pid}.json").read_text())["argv"] == srv.argv
+    assert _gone(srv.pid) and _gone(grandchild)
+    assert not list((tmp_path / "registry").glob("*.json"))  # the record goes with the server
+    assert srv.log_path.read_text().startswith("# ")  # the command heads the log
+
+
+def test_no_health_within_the_timeout_is_a_clear_error_and_nothing_is_left(tmp_path):
+    srv = _server(tmp_path, "--ready-after", "60", timeout=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError, match="no answer from .*/health within 2 s"):
+        srv.start()
+    assert time.monotonic() - t0 < 10
+    assert _gone(srv.pid)
+
+
+def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
+    srv = ServerProcess([sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"],
+                        tmp_path / "x.log", base_url=f"http://127.0.0.1:{free_port()}", startup_timeout=20,
+                        registry=tmp_path / "registry")
+    with pytest.raises(ServerStartError, match=r"exited with code 3(.|\n)*bad flag --x"):
+        srv.start()
+
+
+def test_a_sigkill_of_the_parent_takes_the_server_down(tmp_path):
+    """PR_SET_PDEATHSIG: `kill -9` of draftlab must not orphan a GPU server."""
+    port = free_port()
+    parent = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parents[1] / 'lib')!r})
+        from draftlab.sglang.server import ServerProcess
+        srv = ServerProcess([sys.executable, {str(HEALTH)!r}, "{port}"], {str(tmp_path / 'p.log')!r},
+                            base_url="http://127.0.0.1:{port}", startup_timeout=20,
+                            registry={str(tmp_path / 'registry')!r}).start()
+        print(srv.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert not _gone(child, within=0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _gone(child), "the server outlived its SIGKILLed parent"
+
+
+def test_stop_stale_stops_recorded_servers_and_spares_reused_pids(tmp_path):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    port = free_port()
+    argv = [sys.executable, str(HEALTH), str(port)]
+    orphan = subprocess.Popen(argv, start_new_session=True)  # as if its parent had died unnoticed
+    (registry / f"{orphan.pid}.json").write_text(json.dumps({"pid": orphan.pid, "argv": argv}))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    (registry / f"{other.pid}.json").write_text(json.dumps({"pid": other.pid, "argv": ["not", "this"]}))
+    (registry / "junk.json").write_text("{not json")
+    try:
+        stopped = stop_stale(registry, grace=5)
+        orphan.wait(timeout=10)
+        assert [r["pid"] for r in stopped] == [orphan.pid]
+        assert other.poll() is None  # a pid now running something else is left alone
+        assert not list(registry.glob("*.json"))
+    finally:
+        other.kill()
+        orphan.kill()
+
+
+def test_sglang_server_from_draftlabs_own_launch_command(tmp_path):
+    cmd = sglang_speculative_command("/m/target", "/d/eagle3", num_steps=6, port=31007,
+                                     extra=("--attention-backend", "triton"))
+    srv = SGLangServer(cmd, tmp_path / "s.log", python="/usr/bin/python3", registry=tmp_path / "r")
+    assert srv.base_url == "http://127.0.0.1:31007"
+    assert srv.argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+    assert srv.argv[-2:] == ["--attention-backend", "triton"] and "--speculative-num-steps" in srv.argv
+    with pytest.raises(ValueError, match="not an SGLang launch command"):
+        sglang_argv("python -m http.server 8000")
