@@ -114,5 +114,6 @@ def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
     assert {s.max_running_requests for s in settings} == {64}
     assert parse_launch(wrong.command).speculative_algorithm == "EAGLE"
     assert len({e.command.split("--port ")[1].split()[0] for e in entries}) == len(entries)  # side by side
+    assert by["baseline"].command.endswith("--cuda-graph-max-bs 64") and wrong.command.endswith("--cuda-graph-max-bs 1")
     with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
         _trees("5x4")

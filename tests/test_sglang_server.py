@@ -127,3 +127,15 @@ def test_sglang_server_from_draftlabs_own_launch_command(tmp_path):
     assert srv.argv[-2:] == ["--attention-backend", "triton"] and "--speculative-num-steps" in srv.argv
     with pytest.raises(ValueError, match="not an SGLang launch command"):
         sglang_argv("python -m http.server 8000")
+
+
+def test_the_serve_command_without_sglang_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    from draftlab.sglang import server
+
+    monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
+    cmd = sglang_speculative_command("/m/target", "/d/eagle3", port=free_port())
+    code = server.main(["--launch", cmd, "--log", str(tmp_path / "s.log"), "--startup-timeout", "30"])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: SGLang server exited with code 1" in err
+    assert "No module named 'sglang'" in err  # the log's tail says why
+    assert not list((tmp_path / "registry").glob("*.json"))

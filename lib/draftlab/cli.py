@@ -29,6 +29,7 @@ BENCHES = {
     "generate": ("draftlab.regen_batch", "add_bench_generate_parser"),
     "live": ("draftlab.bench", "add_bench_live_parser"),
     "specdec": ("draftlab.specdec", "add_bench_specdec_parser"),
+    "sglang": ("draftlab.sglang.study", "add_bench_sglang_parser"),
 }
 
 

@@ -284,3 +284,56 @@ class SGLangServer(ServerProcess):
                 if isinstance(body, dict):
                     return body
         return None
+
+
+# ---------------------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m draftlab.sglang.server --launch CMD --log FILE [--prefix DIR] [--ready-file F]`:
+    start one SGLang server, write its URL to the ready file once healthy, and keep it until this
+    process gets SIGTERM/SIGINT (or dies: the server goes with it). For shell scripts that need a
+    server for the length of a step."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m draftlab.sglang.server", description=main.__doc__)
+    ap.add_argument("--launch", required=True, help="an SGLang launch command (python -m sglang.launch_server ...)")
+    ap.add_argument("--log", required=True, help="the server's log file")
+    ap.add_argument("--prefix", help="offline SGLang install (draftlab sglang install) put first on PYTHONPATH")
+    ap.add_argument("--python", default=None, help="interpreter for the server (default: this one)")
+    ap.add_argument("--ready-file", help="written with the base URL once the server is healthy")
+    ap.add_argument("--startup-timeout", type=float, default=600.0)
+    args = ap.parse_args(argv)
+    env = None
+    if args.prefix:
+        from draftlab.sglang.bundle import server_env
+
+        env = server_env(args.prefix)
+    stop_stale()
+    srv = SGLangServer(args.launch, args.log, python=args.python, startup_timeout=args.startup_timeout, env=env)
+    stop = {"now": False}
+
+    def _on_signal(signum, frame):
+        stop["now"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        srv.start()
+        print(f"ready: {srv.base_url} after {srv.startup_s:.0f} s (log {srv.log_path})", flush=True)
+        if args.ready_file:
+            Path(args.ready_file).write_text(srv.base_url + "\n")
+        while srv.alive():
+            time.sleep(1.0)
+        print(f"the server exited by itself (log {srv.log_path}):\n{srv.log_tail()}", file=sys.stderr)
+        return 1
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,6 +58,8 @@ def study_entries(model_path: str, draft_path: str, *, chain: list[int], main_st
         wrong = sweep_plan(model_path, draft_path, [(s, 1, s + 1)], algorithm="EAGLE",
                            **{**common, "port": port + len(plan)})[1]
         entries.append(Entry(wrong["label"], wrong["command"], [1], s, 1, s + 1, "EAGLE"))
+    for e in entries:  # graphs for the batch sizes measured (capture time grows with the largest)
+        e.command += f" --cuda-graph-max-bs {max(e.concurrency)}"
     return entries
 
 
@@ -70,8 +72,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
     prompts = load_eval_set(args.eval_set, args.run_dir, args.samples)
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
-    extra = tuple(DEFAULT_SERVER_FLAGS) + ("--mem-fraction-static", str(args.mem_fraction_static),
-                                           "--cuda-graph-max-bs", str(max(_ints(args.concurrency))))
+    extra = tuple(DEFAULT_SERVER_FLAGS) + ("--mem-fraction-static", str(args.mem_fraction_static))
     entries = study_entries(args.model_path, args.draft, chain=_ints(args.chain), main_steps=args.main_steps,
                             trees=_trees(args.trees), concurrency=_ints(args.concurrency),
                             wrong_flag=not args.no_wrong_flag, max_running_requests=args.max_running_requests,
