@@ -117,3 +117,23 @@ def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
     assert by["baseline"].command.endswith("--cuda-graph-max-bs 64") and wrong.command.endswith("--cuda-graph-max-bs 1")
     with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
         _trees("5x4")
+
+
+def test_break_even_fitted_to_the_servers_cycle_costs(tmp_path):
+    """Cycle time = v + c*S plain steps, recovered from windows built with v = 1.2, c = 0.25."""
+    step = 1 / 800.0  # baseline: 800 tok/s at batch 1
+    _write_result(tmp_path, "baseline", 800.0, 8000, None, [[1]])
+    for s, acc in ((1, 1.7), (3, 2.4), (6, 2.9)):
+        cycle = (1.2 + 0.25 * s) * step
+        verify = 1000
+        tokens = int(acc * verify)
+        _write_result(tmp_path, f"EAGLE3 S{s} K1 D{s + 1}", tokens / (verify * cycle), tokens, verify, [[1]], steps=s)
+    rows = [json.loads(x) for x in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    for r in rows:  # what measure() records beside each window
+        r.update(algorithm=None if r["label"] == "baseline" else "EAGLE3", topk=None if r["label"] == "baseline" else 1)
+    (tmp_path / "windows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, rates = live.fit_server_costs(tmp_path)
+    assert model.verify_cost == pytest.approx(1.2, rel=1e-6) and model.draft_cost == pytest.approx(0.25, rel=1e-6)
+    s6 = next(r for r in rates if r["steps"] == 6)
+    assert s6["predicted_speedup"] == pytest.approx(s6["measured_speedup"], rel=1e-6)
+    assert s6["breakeven_acceptance"] == pytest.approx(2.7) and s6["acceptance_for_2x"] == pytest.approx(5.4)

@@ -29,7 +29,8 @@ import httpx
 from draftlab.bench import Usage, Window, acceptance_length, flush_cache, parse_response, summarize_windows
 from draftlab.sglang.server import SGLangServer, ServerStartError, stop_stale
 
-__all__ = ["Entry", "Reply", "run_window", "measure", "agreement", "summarize", "slug"]
+__all__ = ["Entry", "Reply", "run_window", "measure", "agreement", "summarize", "slug", "cycle_rates",
+           "fit_server_costs"]
 
 
 @dataclass
@@ -232,3 +233,48 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     table["identical"] = [agree[label].get("identical") for label in table["label"]]
     table["mean_common_prefix"] = [agree[label].get("mean_common_prefix") for label in table["label"]]
     return table
+
+
+# ---------------------------------------------------------------------------- break-even from the server
+
+def _windows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "windows.jsonl").read_text().splitlines() if line.strip()]
+
+
+def cycle_rates(out: str | Path, concurrency: int = 1, baseline: str = "baseline") -> list[dict]:
+    """Per speculative entry at `concurrency`: SGLang's plain step time T1 (baseline wall x streams /
+    tokens), its cycle time (wall x streams / verify steps) and tokens per cycle, pooled over the
+    repeats. Both times include the same per-request overheads (HTTP, prefill), so the fitted
+    costs are what a user of the server pays, not kernel times."""
+    rows = [r for r in _windows(out) if r["concurrency"] == concurrency]
+    base = [r for r in rows if r["label"] == baseline]
+    if not base:
+        raise ValueError(f"{out}: no {baseline!r} windows at concurrency {concurrency}")
+    step_s = sum(r["wall_s"] for r in base) * concurrency / sum(r["completion_tokens"] for r in base)
+    out_rows = []
+    for label in dict.fromkeys(r["label"] for r in rows if r["verify_steps"]):
+        g = [r for r in rows if r["label"] == label]
+        verify, tokens, wall = (sum(r[k] for r in g) for k in ("verify_steps", "completion_tokens", "wall_s"))
+        out_rows.append({"label": label, "algorithm": g[0].get("algorithm"), "steps": g[0].get("steps"),
+                         "topk": g[0].get("topk"), "draft_tokens": g[0].get("draft_tokens"),
+                         "concurrency": concurrency, "step_s": step_s, "cycle_s": wall * concurrency / verify,
+                         "tokens_per_cycle": tokens / verify,
+                         "measured_speedup": (tokens / wall) / (sum(r["completion_tokens"] for r in base)
+                                                                / sum(r["wall_s"] for r in base))})
+    return out_rows
+
+
+def fit_server_costs(out: str | Path, concurrency: int = 1):
+    """v and c of draftlab.breakeven's model fitted to SGLang's EAGLE3 chain entries (topk 1), and
+    each entry's predicted vs measured speedup (trees and the wrong flag are checked, not fitted)."""
+    from draftlab.breakeven import fit_costs
+
+    rates = cycle_rates(out, concurrency)
+    chain = [r for r in rates if r["topk"] == 1 and r["algorithm"] == "EAGLE3"]
+    model = fit_costs([r["steps"] for r in chain], [r["cycle_s"] for r in chain], rates[0]["step_s"],
+                      source=f"SGLang, {len(chain)} chain servers at concurrency {concurrency} ({out})")
+    for r in rates:
+        r["predicted_speedup"] = model.speedup(r["tokens_per_cycle"], r["steps"])
+        r["breakeven_acceptance"] = model.breakeven(r["steps"])
+        r["acceptance_for_2x"] = model.breakeven(r["steps"], 2.0)
+    return model, rates

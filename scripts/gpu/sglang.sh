@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Issue 17 on the GPU machine: SGLang from the offline bundle; the blend regenerated through an SGLang
+# server (and the batch backend on the same rows, side by side); the reference draft trained in the
+# background; then the draft measured in SGLang (`draftlab bench sglang`) and in the engine (the oracle).
+# Every call first stashes what it carried (.device/stash-*/ -> $DL/stash, kept while the machine is
+# warm), then runs PHASE:
+#   setup    wheels, GGUF (a_stage.sh first; carry .device/b .whl .device/state), target conversion
+#   stash    nothing else (a transfer call for more bundle parts)
+#   regen    install SGLang, serve the target, notebook 03 through it, side by side on REGEN_SIDE rows,
+#            then notebook 04 in the background (setsid; its log in $DL/train-bg.log)
+#   measure  wait for 04 (exit 3 while it runs), then bench sglang until BUDGET_S (exit 3: call again)
+#   oracle   the engine on the same prompt ids and settings; then pack what comes back
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+PHASE=${PHASE:-stash}
+STASH=$DL/stash
+PREFIX=${PREFIX:-$DL/sglang}
+SG=$RUN/sglang
+MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
+mkdir -p "$STASH" "$SG"
+for d in .device/stash-*; do
+  [ -d "$d" ] && cp -n "$d"/* "$STASH"/ && say "stashed $(ls "$d" | wc -l) files from $d"
+done
+say "phase $PHASE; stash: $(ls "$STASH" | wc -l) files, $(du -sh "$STASH" | cut -f1)"
+
+install_sglang() {
+  [ -f "$PREFIX/.draftlab-installed" ] && return 0
+  python3 -m draftlab.sglang.bundle install --parts-dir "$STASH" --prefix "$PREFIX" || return 1
+  PYTHONPATH=$PREFIX:$PYTHONPATH python3 -c "import sglang, transformers, sgl_kernel; print('sglang', sglang.__version__, 'transformers', transformers.__version__)"
+}
+
+target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
+  python3 -c "
+from draftlab.serve import sglang_target_command
+print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=${REGEN_MAX_RUNNING:-1024},
+      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
+             '--cuda-graph-max-bs', '${REGEN_GRAPH_BS:-512}')))"
+}
+
+serve_target() {  # start the target server in the background; $SERVER_PID; waits until it is healthy
+  rm -f "$DL/ready"
+  python3 -m draftlab.sglang.server --launch "$(target_command)" --log "$SG/regen-server.log" --prefix "$PREFIX" \
+    --ready-file "$DL/ready" --startup-timeout 300 &
+  SERVER_PID=$!
+  while [ ! -s "$DL/ready" ]; do
+    kill -0 $SERVER_PID 2>/dev/null || { say "FAILED: the SGLang server did not start"; tail -30 "$SG/regen-server.log"; return 1; }
+    sleep 2
+  done
+  say "SGLang target server ready: $(cat "$DL/ready")"
+}
+
+side_by_side() {  # the same first N train rows through SGLang (server up) or the batch backend (server gone)
+  local n=${REGEN_SIDE:-4096} d=$DL/side which=$1
+  mkdir -p "$d" "$RUN/bench"
+  head -n "$n" "$RUN/data/blend/train.jsonl" > "$d/rows.jsonl"
+  local common=(--max-tokens "${MAX_TOKENS:-256}" --temperature 0 --truncation keep_flag --no-progress)
+  rm -rf "${d:?}/$which"
+  if [ "$which" = sglang ]; then  # an empty prefix cache: 03 just sent the same prompts
+    python3 -c "import httpx; print('flush_cache', httpx.post('$(cat "$DL/ready")/flush_cache', timeout=60).status_code)"
+    date +%s.%N > "$d/sglang.s"
+    python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/sglang" --base-url "$(cat "$DL/ready")" --model "$MODEL_DIR" \
+      --concurrency "${REGEN_CONCURRENCY:-1024}" --timeout 600 "${common[@]}" > "$d/sglang.json"
+  else
+    date +%s.%N > "$d/batch.s"
+    python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/batch" --backend batch --device cuda --batch-size 4096 \
+      --batch-tokens 3000000 "${common[@]}" > "$d/batch.json"
+  fi
+  date +%s.%N >> "$d/$which.s"
+  python3 - "$d" "$RUN/bench/regen_side_by_side.json" "$n" <<'PY'
+import json, sys
+from pathlib import Path
+d, out, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+res = {"rows": n, "note": "first N rows of the blend's train split, max_tokens as 03, greedy; wall from start to end of the command"}
+for k in ("sglang", "batch"):
+    if (d / f"{k}.json").is_file() and len((d / f"{k}.s").read_text().split()) == 2:
+        t0, t1 = (float(x) for x in (d / f"{k}.s").read_text().split())
+        res[k] = {"wall_s": t1 - t0, "summary": json.loads((d / f"{k}.json").read_text())}
+out.write_text(json.dumps(res, indent=1))
+print(json.dumps({k: v["wall_s"] for k, v in res.items() if isinstance(v, dict)}))
+PY
+}
+
+train_in_background() {
+  [ -f "$DL/train-bg.pid" ] && kill -0 "$(cat "$DL/train-bg.pid")" 2>/dev/null && return 0
+  stage_done 04 && return 0
+  say "04 in the background (setsid): log $DL/train-bg.log"
+  OUT=$DL/train-bg-out BUDGET_S=1500 STAGES="04" ATTN_CHECK=0 \
+    P04="-p ARCHS [eagle3] -p SIDE_BY_SIDE false -p EPOCHS 5.0" \
+    setsid nohup bash scripts/gpu/step.sh > "$DL/train-bg.log" 2>&1 < /dev/null &
+  echo $! > "$DL/train-bg.pid"
+}
+
+wait_training() {  # 0 when 04 is done; 3 when it still runs at the deadline
+  while ! stage_done 04; do
+    if ! kill -0 "$(cat "$DL/train-bg.pid" 2>/dev/null || echo 0)" 2>/dev/null; then
+      say "FAILED: 04 is not running and not done"; tail -40 "$DL/train-bg.log"; return 1
+    fi
+    [ "$(left)" -lt 30 ] && { say "04 still training: $(grep -o 'step [0-9]*' "$RUN"/train/eagle3/train.log 2>/dev/null | tail -1)"; return 3; }
+    sleep 10
+  done
+  say "04 done: $(python3 -c "import json; m=json.load(open('$RUN/metrics.json')); print({k: v for k, v in m['04_train_draft'].items() if not isinstance(v, (dict, list))})" 2>/dev/null)"
+}
+
+case $PHASE in
+  setup) ensure_all || exit 1 ;;
+  stash) ;;
+  regen)
+    ensure_all && install_sglang || exit 1
+    serve_target || exit 1
+    STAGES=(03)
+    P03="-p BACKEND server -p BASE_URLS [\"$(cat "$DL/ready")\"] -p SERVED_MODEL $MODEL_DIR -p CONCURRENCY ${REGEN_CONCURRENCY:-1024} -p REQUEST_TIMEOUT 600.0" run_pending
+    rc=$?
+    [ $rc -eq 0 ] && [ "${REGEN_SIDE:-4096}" -gt 0 ] && side_by_side sglang
+    kill -TERM $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null
+    [ $rc -eq 0 ] || exit $rc
+    [ "${REGEN_SIDE:-4096}" -gt 0 ] && side_by_side batch
+    train_in_background ;;
+  measure)
+    wait_training; rc=$?; [ $rc -eq 0 ] || exit $rc
+    install_sglang || exit 1
+    timeout "$(left)" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" --draft "$RUN/drafts/eagle3" \
+      --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-64}" --max-new-tokens 128 --prefix "$PREFIX" \
+      --python python3 --budget-s $(( $(left) - 120 )) --out "$SG/study" ${STUDY_ARGS:-} 2>&1 | grep -v "it/s\]"
+    exit "${PIPESTATUS[0]}" ;;
+  oracle)
+    for spec in "chain --steps ${ORACLE_CHAIN:-1,2,3,4,5,6,7}" "tree548 --steps 5 --topk 4 --num-draft-tokens 8" \
+                "tree6816 --steps 6 --topk 8 --num-draft-tokens 16" "wrongflag --steps 6 --mode EAGLE"; do
+      read -r name args <<< "$spec"
+      [ -s "$SG/oracle_$name.json" ] && continue
+      [ "$(left)" -lt 60 ] && { say "oracle $name: skipped, $(left) s left"; continue; }
+      # shellcheck disable=SC2086
+      timeout "$(left)" python3 -m draftlab.cli bench specdec --target embedded --draft "$RUN/drafts/eagle3" \
+        --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-64}" \
+        --max-new-tokens 128 --out "$SG/oracle_$name.json" $args 2>&1 | grep -v "it/s\]\|s/it\]"
+    done
+    save_draft eagle3
+    xz -T0 -9 -c "$RUN/data/regen/train.jsonl" > "$OUT/regen-train.jsonl.xz"
+    xz -T0 -9 -c "$RUN/data/regen/val.jsonl" > "$OUT/regen-val.jsonl.xz"
+    tar -czf "$OUT/sglang-results.tar.gz" -C "$RESULTS" --exclude='*.safetensors' --exclude='ckpt-*' --exclude=tokens \
+      --exclude=hidden --exclude=data --exclude=drafts "$RUN_ID"
+    ls -la "$OUT" ;;
+  *) say "unknown PHASE $PHASE"; exit 2 ;;
+esac
