@@ -137,3 +137,33 @@ def test_break_even_fitted_to_the_servers_cycle_costs(tmp_path):
     s6 = next(r for r in rates if r["steps"] == 6)
     assert s6["predicted_speedup"] == pytest.approx(s6["measured_speedup"], rel=1e-6)
     assert s6["breakeven_acceptance"] == pytest.approx(2.7) and s6["acceptance_for_2x"] == pytest.approx(5.4)
+
+
+def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
+    from draftlab.sglang.report import sglang_summary
+
+    study = tmp_path / "sglang" / "study"
+    rows = [("baseline", 800.0, 1000, None, None, None), ("EAGLE3 S6 K1 D7", 1200.0, 1000, 400, "EAGLE3", 6),
+            ("EAGLE3 S3 K1 D4", 1000.0, 1000, 450, "EAGLE3", 3), ("EAGLE EAGLE S6 K1 D7", 500.0, 1000, 980, "EAGLE", 6)]
+    for label, tps, tokens, verify, algo, steps in rows:
+        _write_result(study, label, tps, tokens, verify, [[1, 2]], steps=steps)
+    recs = [json.loads(x) for x in (study / "windows.jsonl").read_text().splitlines()]
+    for r, (_, _, _, _, algo, steps) in zip(recs, rows):
+        r.update(algorithm=algo, topk=1 if algo else None, draft_tokens=steps + 1 if steps else None)
+    (study / "windows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "sglang" / "version.txt").write_text("0.5.17\n")
+    (tmp_path / "sglang" / "oracle_chain.json").write_text(json.dumps([
+        {"mode": "EAGLE3", "num_steps": 6, "topk": 1, "num_draft_tokens": 7, "acceptance_length": 2.45, "samples": 2},
+        {"mode": "EAGLE3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4, "acceptance_length": 2.2, "samples": 2}]))
+    metrics = {"03_regenerate": {"backend": "server", "splits": {"train": {"tok_s": 41000.0, "rows_done": 10}}}}
+    s, src = sglang_summary(tmp_path, metrics)
+    assert s["sglang_version"] == "0.5.17" and s["sglang_baseline_tok_s_batch1"] == pytest.approx(800)
+    assert s["sglang_acceptance_s6_heldout"] == pytest.approx(2.5)
+    assert s["sglang_speedup_batch1"] == pytest.approx(1.5) and "EAGLE3 S6 K1 D7" in src["sglang_speedup_batch1"]
+    assert s["sglang_speedup_c16"] is None  # not measured: stays None, never filled in
+    assert s["sglang_wrong_flag_acceptance"] == pytest.approx(1000 / 980)
+    # S6: (2.45 - 2.5) / 2.5 = -2%; S3: (2.2 - 1000/450) / (1000/450) = -1%: the largest is kept
+    assert s["engine_vs_sglang_acceptance_gap"] == pytest.approx(0.02)
+    assert s["sglang_regeneration_tok_s"] == 41000.0
+    metrics["03_regenerate"]["backend"] = "batch"
+    assert sglang_summary(tmp_path, metrics)[0]["sglang_regeneration_tok_s"] is None

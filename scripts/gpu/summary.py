@@ -134,12 +134,12 @@ def apply_overrides(run: Path, s: dict, src: dict) -> None:
         s[key], src[key] = rec["value"], f"override (summary_overrides.json): {rec['source']}"
 
 
-def goals(s: dict) -> list[dict]:
+def goals(s: dict, table=GOALS) -> list[dict]:
     vals = dict(s)
-    if s["eagle3_acceptance_s6_heldout"] and s["eagle1_acceptance_s6_heldout"]:
+    if s.get("eagle3_acceptance_s6_heldout") and s.get("eagle1_acceptance_s6_heldout"):
         vals["eagle3_over_eagle1"] = s["eagle3_acceptance_s6_heldout"] / s["eagle1_acceptance_s6_heldout"]
     out = []
-    for key, op, goal, text in GOALS:
+    for key, op, goal, text in table:
         v = vals.get(key)
         met = None if v is None else (v >= goal if op == ">=" else v <= goal)
         out.append({"goal": text, "key": key, "target": f"{op} {goal}", "measured": v, "met": met,
@@ -147,14 +147,14 @@ def goals(s: dict) -> list[dict]:
     return out
 
 
-def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict) -> str:
+def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> str:
     fmt = lambda v: "not measured" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")  # noqa: E731
     lines = ["# Reference run: the embedded target on one H200", "",
              "Full profile (`params/full.yaml`), run with `scripts/gpu/step.sh` on one NVIDIA H200; every number "
              "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "
              "marked override, which comes with its derivation from `summary_overrides.json`.", "",
              "| key | value | source |", "|---|---|---|"]
-    lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in KEYS]
+    lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in keys]
     if (run / "run_notes.md").is_file():  # what happened in this run that the numbers alone do not say
         lines += ["", (run / "run_notes.md").read_text().strip()]
     lines += ["", "## Goals (issue 8)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
@@ -190,11 +190,22 @@ def main(argv: list[str]) -> int:
     s, src = build_summary(m)
     apply_overrides(run, s, src)
     g = goals(s)
-    missing = [k for k in KEYS if s[k] is None]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lib"))
+    from draftlab.sglang.report import GOALS as SGLANG_GOALS, KEYS as SGLANG_KEYS, sglang_summary
+
+    sg, sg_src = sglang_summary(run, m)
+    if any(v is not None for v in sg.values()):  # a run measured in SGLang: its figures and goals too
+        s.update(sg)
+        src.update(sg_src)
+        g += goals(sg, SGLANG_GOALS)
+        KEYS_ALL = KEYS + SGLANG_KEYS
+    else:
+        KEYS_ALL = KEYS
+    missing = [k for k in KEYS_ALL if s[k] is None]
     if missing:
         print(f"summary: not measured in this run: {missing}", file=sys.stderr)
     (run / "summary.json").write_text(json.dumps({**s, "sources": src, "goals": g}, indent=2))
-    (run / "README.md").write_text(readme(run, s, src, g, m))
+    (run / "README.md").write_text(readme(run, s, src, g, m, KEYS_ALL))
     print(json.dumps(s, indent=1))
     return 0
 
