@@ -26,7 +26,8 @@ say "phase $PHASE; stash: $(ls "$STASH" | wc -l) files, $(du -sh "$STASH" | cut 
 install_sglang() {
   [ -f "$PREFIX/.draftlab-installed" ] && return 0
   python3 -m draftlab.sglang.bundle install --parts-dir "$STASH" --prefix "$PREFIX" || return 1
-  PYTHONPATH=$PREFIX:$PYTHONPATH python3 -c "import sglang, transformers, sgl_kernel; print('sglang', sglang.__version__, 'transformers', transformers.__version__)"
+  PYTHONPATH=$PREFIX:$PYTHONPATH python3 -c "import sglang, transformers, sgl_kernel; print(sglang.__version__)" > "$SG/version.txt" \
+    && say "SGLang $(cat "$SG/version.txt") installed in $PREFIX"
 }
 
 target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
