@@ -23,7 +23,8 @@ mkdir -p "$DL" "$RESULTS" "$SCRATCH"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export DRAFTLAB_CACHE=$DL/cache DRAFTLAB_EMBEDDED_GGUF=$DL/model.gguf
 export PYTHONPATH=$REPO/lib:$SITE${PYTHONPATH:+:$PYTHONPATH}
-export MPLBACKEND=Agg
+# no MPLBACKEND here: notebooks keep ipykernel's inline backend, so executed notebooks embed their figures
+# (Agg showed `PosixPath(...)` where the plots belong); scripts without a display fall back to Agg anyway
 EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
 # Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
 # STAGES="..." (env) runs another list; P<NN>="-p KEY VALUE ..." adds overrides to stage NN.
