@@ -21,6 +21,7 @@ COMMANDS = {
     "train": ("draftlab.train", "add_train_parser"),
     "export": ("draftlab.export", "add_export_parser"),
     "doctor": ("draftlab.doctor", "add_doctor_parser"),
+    "sglang": ("draftlab.sglang.cli", "add_sglang_parser"),
 }
 # `draftlab bench <what>`: each benchmark is owned by its stage's module.
 BENCHES = {
