@@ -3,7 +3,8 @@
 Why: the speed that counts is SGLang's, against its own plain decoding on the same prompts and
 the same `--max-running-requests`. Each plan entry (draftlab.bench.sweep_plan's launch commands)
 becomes a real server; all start at once on the one GPU (start-up, mostly CUDA-graph capture, is
-not measured) and are then measured one at a time while the others idle. Requests go to
+not measured: the first window waits for all of them) and are then measured one at a time while
+the others idle. Requests go to
 `/generate` with `input_ids` (the engine's own prompt ids, so engine and server see the same
 tokens) at temperature 0. Per window: tokens/s, and acceptance = sum(completion_tokens) /
 sum(spec_verify_ct) from meta_info (contract §5); after the windows `/server_info`'s lifetime
@@ -177,17 +178,20 @@ def measure(entries: list[Entry], prompt_ids: list[list[int]], out: str | Path, 
     try:
         for srv in servers.values():
             srv.launch()
-        for e in todo:
+        ready = set()
+        for e in todo:  # all up before the first window: start-up (graph capture) would disturb it
+            try:
+                servers[e.label].wait_ready()
+                ready.add(e.label)
+                print(f"{e.label}: ready after {servers[e.label].startup_s:.0f} s", flush=True)
+            except ServerStartError as exc:
+                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
+                print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
+        for e in (e for e in todo if e.label in ready):
             if deadline is not None and time.time() > deadline:
                 print(f"deadline: {e.label} and later entries left for the next call", flush=True)
                 break
             srv = servers[e.label]
-            try:
-                srv.wait_ready()
-            except ServerStartError as exc:
-                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
-                print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
-                continue
             t0 = time.perf_counter()
             windows, first = measure_server(srv.base_url, e, prompt_ids, repeats=repeats, warmup=warmup,
                                             max_new_tokens=max_new_tokens)

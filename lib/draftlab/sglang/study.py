@@ -72,7 +72,10 @@ def bench_sglang(args: argparse.Namespace) -> int:
     prompts = load_eval_set(args.eval_set, args.run_dir, args.samples)
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
-    extra = tuple(DEFAULT_SERVER_FLAGS) + ("--mem-fraction-static", str(args.mem_fraction_static))
+    # SGLang sizes its KV pool from the memory free at its start minus (1 - fraction) of the GPU, so
+    # servers started together each take a high fraction and a fixed pool (--max-total-tokens)
+    extra = tuple(DEFAULT_SERVER_FLAGS) + ("--mem-fraction-static", str(args.mem_fraction_static),
+                                           "--max-total-tokens", str(args.max_total_tokens))
     entries = study_entries(args.model_path, args.draft, chain=_ints(args.chain), main_steps=args.main_steps,
                             trees=_trees(args.trees), concurrency=_ints(args.concurrency),
                             wrong_flag=not args.no_wrong_flag, max_running_requests=args.max_running_requests,
@@ -115,8 +118,9 @@ def add_bench_sglang_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--max-running-requests", type=int, default=64, help="the same for every server")
-    p.add_argument("--mem-fraction-static", type=float, default=0.05,
-                   help="per server: all servers start at once on one GPU")
+    p.add_argument("--mem-fraction-static", type=float, default=0.9,
+                   help="per server (all start at once: the pool is bounded by --max-total-tokens)")
+    p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool of each server, in tokens")
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--prefix", help="offline SGLang install (draftlab sglang install) put first on PYTHONPATH")
     p.add_argument("--python", default=None, help="interpreter that runs the servers (default: this one)")
