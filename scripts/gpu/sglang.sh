@@ -2,30 +2,30 @@
 # Issue 17 on the GPU machine: SGLang from the offline bundle; the blend regenerated through an SGLang
 # server (and the batch backend on the same rows, side by side); the reference draft trained in the
 # background; then the draft measured in SGLang (`draftlab bench sglang`) and in the engine (the oracle).
-# Every call first stashes what it carried (.device/stash-*/ -> $DL/stash, kept while the machine is
-# warm), then runs PHASE:
+# Every call first stages the bundle parts it carried (.device/sglang/pN, made here by `draftlab sglang
+# bundle --out .device/sglang`; kept in $DL while the machine is warm), then runs PHASE:
 #   setup    wheels, GGUF (a_stage.sh first; carry .device/b .whl .device/state), target conversion
-#   stash    nothing else (a transfer call for more bundle parts)
+#   stash    nothing else (a transfer call for more bundle parts: carry .device/sglang/pN)
 #   regen    install SGLang, serve the target, notebook 03 through it, side by side on REGEN_SIDE rows,
 #            then notebook 04 in the background (setsid; its log in $DL/train-bg.log)
-#   measure  wait for 04 (exit 3 while it runs), then bench sglang until BUDGET_S (exit 3: call again)
-#   oracle   the engine on the same prompt ids and settings; then pack what comes back
+#   after    wait for 04 (exit 3 while it runs); send the draft and the regenerated set back (once); then
+#            bench sglang (a whole call), the engine's oracle runs; results packed every call.
+#            Exit 0 when all is done, 3: call again with PHASE=after
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
-STASH=$DL/stash
+PARTS=$DL/sglang-parts
 PREFIX=${PREFIX:-$DL/sglang}
 SG=$RUN/sglang
 MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
-mkdir -p "$STASH" "$SG"
-for d in .device/stash-*; do
-  [ -d "$d" ] && cp -n "$d"/* "$STASH"/ && say "stashed $(ls "$d" | wc -l) files from $d"
+mkdir -p "$PARTS" "$SG"
+for d in .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
+  [ -d "$d" ] && python3 -m draftlab.sglang.bundle stage --parts-dir "$d" --stage "$PARTS"
 done
-say "phase $PHASE; stash: $(ls "$STASH" | wc -l) files, $(du -sh "$STASH" | cut -f1)"
+say "phase $PHASE; bundle parts staged: $(ls "$PARTS" | paste -sd ' ')"
 
 install_sglang() {
-  [ -f "$PREFIX/.draftlab-installed" ] && return 0
-  python3 -m draftlab.sglang.bundle install --parts-dir "$STASH" --prefix "$PREFIX" || return 1
+  python3 -m draftlab.sglang.bundle install --stage "$PARTS" --prefix "$PREFIX" || return 1  # a no-op once installed
   PYTHONPATH=$PREFIX:$PYTHONPATH python3 -c "import sglang, transformers, sgl_kernel; print(sglang.__version__)" > "$SG/version.txt" \
     && say "SGLang $(cat "$SG/version.txt") installed in $PREFIX"
 }
@@ -87,8 +87,9 @@ train_in_background() {
   say "04 in the background (setsid): log $DL/train-bg.log"
   OUT=$DL/train-bg-out BUDGET_S=1500 STAGES="04" ATTN_CHECK=0 \
     P04="-p ARCHS [eagle3] -p SIDE_BY_SIDE false -p EPOCHS 5.0" \
-    setsid nohup bash scripts/gpu/step.sh > "$DL/train-bg.log" 2>&1 < /dev/null &
-  echo $! > "$DL/train-bg.pid"
+    setsid nohup bash -c "echo \$\$ > '$DL/train-bg.pid'; exec bash scripts/gpu/step.sh" > "$DL/train-bg.log" 2>&1 < /dev/null &
+  sleep 2
+  say "04 running as pid $(cat "$DL/train-bg.pid")"
 }
 
 wait_training() {  # 0 when 04 is done; 3 when it still runs at the deadline
@@ -100,6 +101,58 @@ wait_training() {  # 0 when 04 is done; 3 when it still runs at the deadline
     sleep 10
   done
   say "04 done: $(python3 -c "import json; m=json.load(open('$RUN/metrics.json')); print({k: v for k, v in m['04_train_draft'].items() if not isinstance(v, (dict, list))})" 2>/dev/null)"
+}
+
+
+study_missing() {  # labels of the plan not measured yet (empty: the study is complete)
+  [ -f "$SG/study/plan.json" ] || { echo "no plan"; return; }
+  python3 -c "
+import json, sys
+plan = json.load(open('$SG/study/plan.json'))
+done = set()
+try:
+    done = {json.loads(l)['label'] for l in open('$SG/study/windows.jsonl') if l.strip()}
+except OSError:
+    pass
+failed = set()
+try:
+    failed = {json.loads(l)['label'] for l in open('$SG/study/failures.jsonl') if l.strip()}
+except OSError:
+    pass
+print(' '.join(sorted(e['label'].replace(' ', '_') for e in plan['entries'] if e['label'] not in done | failed)))"
+}
+
+ORACLE=("chain --steps ${ORACLE_CHAIN:-1,3,6}" "tree548 --steps 5 --topk 4 --num-draft-tokens 8"
+        "tree6816 --steps 6 --topk 8 --num-draft-tokens 16" "wrongflag --steps 6 --mode EAGLE")
+oracle_done() { for spec in "${ORACLE[@]}"; do [ -s "$SG/oracle_${spec%% *}.json" ] || return 1; done; }
+
+oracle() {  # the engine on the same prompt ids (same eval file, same first N) and the same draft
+  local spec name args
+  for spec in "${ORACLE[@]}"; do
+    read -r name args <<< "$spec"
+    [ -s "$SG/oracle_$name.json" ] && continue
+    [ "$(left)" -lt 90 ] && { say "oracle $name: left for the next call ($(left) s left)"; return 0; }
+    # shellcheck disable=SC2086
+    timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$RUN/drafts/eagle3" \
+      --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
+      --max-new-tokens 128 --out "$SG/oracle_$name.json.tmp" $args 2>&1 | grep -v "it/s\]\|s/it\]"
+    [ -s "$SG/oracle_$name.json.tmp" ] && mv "$SG/oracle_$name.json.tmp" "$SG/oracle_$name.json"
+  done
+}
+
+send_back_once() {  # the trained draft and the regenerated set: what a later session needs (never re-trained)
+  [ -f "$DL/sent-back" ] && return 0
+  save_draft eagle3
+  xz -T0 -9 -c "$RUN/data/regen/train.jsonl" > "$OUT/regen-train.jsonl.xz"
+  xz -T0 -9 -c "$RUN/data/regen/val.jsonl" > "$OUT/regen-val.jsonl.xz"
+  touch "$DL/sent-back"
+  say "sent back: $(ls "$OUT" | paste -sd ' ')"
+}
+
+pack_results() {  # this run's results so far (no weights, no data): small, every call
+  tar -czf "$OUT/sglang-results.tar.gz" -C "$RESULTS" --exclude='*.safetensors' --exclude='ckpt-*' --exclude=tokens \
+    --exclude=hidden --exclude=data --exclude=drafts --exclude='*.pt' "$RUN_ID"
+  say "packed $(du -h "$OUT/sglang-results.tar.gz" | cut -f1)"
 }
 
 case $PHASE in
@@ -116,29 +169,22 @@ case $PHASE in
     [ $rc -eq 0 ] || exit $rc
     [ "${REGEN_SIDE:-4096}" -gt 0 ] && side_by_side batch
     train_in_background ;;
-  measure)
+  after)  # whatever is still to do, in priority order, with the time this call has left
     wait_training; rc=$?; [ $rc -eq 0 ] || exit $rc
+    send_back_once
     install_sglang || exit 1
-    timeout "$(left)" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" --draft "$RUN/drafts/eagle3" \
-      --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-64}" --max-new-tokens 128 --prefix "$PREFIX" \
-      --python python3 --budget-s $(( $(left) - 120 )) --out "$SG/study" ${STUDY_ARGS:-} 2>&1 | grep -v "it/s\]"
-    exit "${PIPESTATUS[0]}" ;;
-  oracle)
-    for spec in "chain --steps ${ORACLE_CHAIN:-1,2,3,4,5,6,7}" "tree548 --steps 5 --topk 4 --num-draft-tokens 8" \
-                "tree6816 --steps 6 --topk 8 --num-draft-tokens 16" "wrongflag --steps 6 --mode EAGLE"; do
-      read -r name args <<< "$spec"
-      [ -s "$SG/oracle_$name.json" ] && continue
-      [ "$(left)" -lt 60 ] && { say "oracle $name: skipped, $(left) s left"; continue; }
+    if [ ! -s "$SG/study/summary.csv" ] || [ -n "$(study_missing)" ]; then
+      if [ "$(left)" -lt "${STUDY_MIN_S:-330}" ]; then say "study needs a fresh call ($(left) s left)"; pack_results; exit 3; fi
       # shellcheck disable=SC2086
-      timeout "$(left)" python3 -m draftlab.cli bench specdec --target embedded --draft "$RUN/drafts/eagle3" \
-        --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-64}" \
-        --max-new-tokens 128 --out "$SG/oracle_$name.json" $args 2>&1 | grep -v "it/s\]\|s/it\]"
-    done
-    save_draft eagle3
-    xz -T0 -9 -c "$RUN/data/regen/train.jsonl" > "$OUT/regen-train.jsonl.xz"
-    xz -T0 -9 -c "$RUN/data/regen/val.jsonl" > "$OUT/regen-val.jsonl.xz"
-    tar -czf "$OUT/sglang-results.tar.gz" -C "$RESULTS" --exclude='*.safetensors' --exclude='ckpt-*' --exclude=tokens \
-      --exclude=hidden --exclude=data --exclude=drafts "$RUN_ID"
-    ls -la "$OUT" ;;
+      timeout "$(( $(left) - 20 ))" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" \
+        --draft "$RUN/drafts/eagle3" --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
+        --max-new-tokens 128 --prefix "$PREFIX" --python python3 --budget-s $(( $(left) - 60 )) \
+        --out "$SG/study" ${STUDY_ARGS:-} 2>&1 | grep -v "it/s\]"
+      say "study: exit ${PIPESTATUS[0]}"
+    fi
+    oracle
+    pack_results
+    [ -z "$(study_missing)" ] && oracle_done && { say "DONE"; exit 0; }
+    say "NOT DONE YET: PHASE=after again"; exit 3 ;;
   *) say "unknown PHASE $PHASE"; exit 2 ;;
 esac
