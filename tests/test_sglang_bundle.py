@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -141,6 +141,20 @@ def test_resolve_for_another_python_and_platform(index, tmp_path):
     with pytest.raises(B.BundleError, match="plat"):
         B.resolve(["plat"], python_version="3.12", platforms=B.manylinux_platforms("2.17"), index_args=args,
                   workdir=tmp_path)
+
+
+def test_fetch_by_pip_download_checks_the_report_hash(index, tmp_path):
+    args = ["--no-index", "--find-links", str(index)]
+    found, _ = B.resolve(["beta==2.0"], python_version="3.12", platforms=PLATFORMS, index_args=args, workdir=tmp_path)
+    kw = dict(python_version="3.12", platforms=PLATFORMS, index_args=args, log=tmp_path / "dl.log", copy_local=False)
+    got = B.fetch(found, tmp_path / "dl", **kw)
+    assert got["beta"].read_bytes() == (index / "beta-2.0-py3-none-any.whl").read_bytes()
+    assert "pip" in (tmp_path / "dl.log").read_text() and "download" in (tmp_path / "dl.log").read_text()
+    # reused from the folder when the hash matches; a report hash that does not match is an error
+    assert B.fetch(found, tmp_path / "dl", **kw)["beta"] == got["beta"]
+    forged = [dataclasses.replace(found[0], sha256="0" * 64)]
+    with pytest.raises(B.BundleError, match=r"beta-2.0-py3-none-any.whl: sha256 .* differs from pip's report"):
+        B.fetch(forged, tmp_path / "dl2", **kw)
 
 
 def test_select_by_name_keep_and_drop():

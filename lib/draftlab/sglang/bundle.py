@@ -218,11 +218,32 @@ def _pip(python: str) -> list[str]:
     return [python, "-m", "pip", "--disable-pip-version-check"]
 
 
-def _run_pip(cmd: list[str], log: Path, what: str, env: dict | None = None) -> None:
+def _progress(total: int | None, desc: str):
+    """A tqdm bar on stderr when tqdm is importable (build side only), else None."""
+    if not total:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="wheel", file=sys.stderr, leave=False)
+
+
+def _run_pip(cmd: list[str], log: Path, what: str, env: dict | None = None, count: int | None = None) -> None:
+    """Run pip with its output in `log`; with `count`, a bar advances on each wheel pip saves."""
+    bar = _progress(count, what)
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                errors="replace")
+        for line in proc.stdout:
+            f.write(line)
+            if bar is not None and line.lstrip().startswith(("Saved ", "File was already downloaded")):
+                bar.update(1)
+        proc.wait()
+    if bar is not None:
+        bar.close()
     if proc.returncode != 0:
         errors = [line.strip() for line in log.read_text(errors="replace").splitlines()
                   if line.startswith("ERROR")]
@@ -377,9 +398,10 @@ def _file_url_path(url: str) -> Path | None:
 
 def fetch(items: list[Resolved], dest: Path, *, cache_dirs: list[Path] = (), python: str = sys.executable,
           python_version: str = "3.12", platforms: list[str] = (), index_args: list[str] = (),
-          log: Path, env: dict | None = None) -> dict[str, Path]:
+          log: Path, env: dict | None = None, copy_local: bool = True) -> dict[str, Path]:
     """Each wheel into dest, by the report's file name: from dest or a cache folder when its sha256
-    matches, from a file:// location, else with `pip download --no-deps` of the report's URL."""
+    matches, from a file:// location (copy_local), else with `pip download --no-deps` of the
+    report's URL. Every file is then checked against the report's sha256."""
     dest.mkdir(parents=True, exist_ok=True)
     got, wanted = {}, []
     for r in items:
@@ -392,7 +414,7 @@ def fetch(items: list[Resolved], dest: Path, *, cache_dirs: list[Path] = (), pyt
                 got[r.name] = target
                 break
         else:
-            local = _file_url_path(r.url)
+            local = _file_url_path(r.url) if copy_local else None
             if local is not None and local.is_file():
                 shutil.copy2(local, target)
                 got[r.name] = target
@@ -404,7 +426,7 @@ def fetch(items: list[Resolved], dest: Path, *, cache_dirs: list[Path] = (), pyt
         reqs = [f"{r.name} @ {r.url}" for r in wanted]
         cmd = (_pip(python) + ["download", "--no-deps", "--progress-bar", "off", "-d", str(dest)]
                + _target_args(python_version, list(platforms)) + list(index_args) + reqs)
-        _run_pip(cmd, log, f"download of {total} wheel(s)", env)
+        _run_pip(cmd, log, f"download of {total} wheel(s)", env, count=total)
         for r in wanted:
             target = dest / r.filename
             if not target.is_file():
