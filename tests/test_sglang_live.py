@@ -117,6 +117,9 @@ def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
     assert by["baseline"].command.endswith("--cuda-graph-max-bs 64") and wrong.command.endswith("--cuda-graph-max-bs 1")
     with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
         _trees("5x4")
+    with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
+        _trees("''")  # a shell's quotes passed through a variable: an error, not a silent empty list
+    assert _trees("none") == []
 
 
 def test_break_even_fitted_to_the_servers_cycle_costs(tmp_path):

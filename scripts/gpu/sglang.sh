@@ -19,7 +19,7 @@ PREFIX=${PREFIX:-$DL/sglang}
 SG=$RUN/sglang
 MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
 mkdir -p "$PARTS" "$SG"
-for d in .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
+for d in .device/sgp/p* .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
   [ -d "$d" ] && python3 -m draftlab.sglang.bundle stage --parts-dir "$d" --stage "$PARTS"
 done
 say "phase $PHASE; bundle parts staged: $(ls "$PARTS" | paste -sd ' ')"

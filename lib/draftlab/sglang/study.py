@@ -31,8 +31,10 @@ def _ints(text: str) -> list[int]:
 
 
 def _trees(text: str) -> list[tuple[int, int, int]]:
-    """"5x4x8,6x8x16" -> [(5, 4, 8), (6, 8, 16)] as (steps, topk, draft tokens)."""
+    """"5x4x8,6x8x16" -> [(5, 4, 8), (6, 8, 16)] as (steps, topk, draft tokens); "none": no trees."""
     out = []
+    if str(text).strip().lower() == "none":
+        return out
     for item in filter(None, (t.strip() for t in str(text).split(","))):
         parts = item.lower().split("x")
         if len(parts) != 3:
@@ -112,7 +114,7 @@ def add_bench_sglang_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", default="1,2,3,4,5,6,7", help="chain lengths S measured at batch 1")
     p.add_argument("--main-steps", type=int, default=6, help="the chain S also measured at every concurrency")
-    p.add_argument("--trees", default="5x4x8,6x8x16", help="trees as STEPSxTOPKxDRAFT_TOKENS (comma-separated)")
+    p.add_argument("--trees", default="5x4x8,6x8x16", help="trees as STEPSxTOPKxDRAFT_TOKENS (comma-separated), or none")
     p.add_argument("--concurrency", default="1,4,16,64", help="for the baseline, the main chain and the trees")
     p.add_argument("--no-wrong-flag", action="store_true", help="skip the `--speculative-algorithm EAGLE` server")
     p.add_argument("--repeats", type=int, default=3)
