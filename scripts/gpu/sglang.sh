@@ -18,6 +18,7 @@ PARTS=$DL/sglang-parts
 PREFIX=${PREFIX:-$DL/sglang}
 SG=$RUN/sglang
 MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
+DRAFT=${DRAFT:-$RUN/drafts/eagle3}  # a published draft instead (carry it; scripts/gpu/published_draft.sh)
 mkdir -p "$PARTS" "$SG"
 for d in .device/sgp/p* .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
   [ -d "$d" ] && python3 -m draftlab.sglang.bundle stage --parts-dir "$d" --stage "$PARTS"
@@ -133,7 +134,7 @@ oracle() {  # the engine on the same prompt ids (same eval file, same first N) a
     [ -s "$SG/oracle_$name.json" ] && continue
     [ "$(left)" -lt 90 ] && { say "oracle $name: left for the next call ($(left) s left)"; return 0; }
     # shellcheck disable=SC2086
-    timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$RUN/drafts/eagle3" \
+    timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$DRAFT" \
       --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
       --max-new-tokens 128 --out "$SG/oracle_$name.json.tmp" $args 2>&1 | grep -v "it/s\]\|s/it\]"
     [ -s "$SG/oracle_$name.json.tmp" ] && mv "$SG/oracle_$name.json.tmp" "$SG/oracle_$name.json"
@@ -170,14 +171,17 @@ case $PHASE in
     [ "${REGEN_SIDE:-4096}" -gt 0 ] && side_by_side batch
     train_in_background ;;
   after)  # whatever is still to do, in priority order, with the time this call has left
-    wait_training; rc=$?; [ $rc -eq 0 ] || exit $rc
-    send_back_once
+    if [ "$DRAFT" = "$RUN/drafts/eagle3" ]; then  # this run's own training
+      wait_training; rc=$?; [ $rc -eq 0 ] || exit $rc
+      send_back_once
+    fi
+    [ -f "$DRAFT/model.safetensors" ] || { say "FAILED: no draft at $DRAFT"; exit 1; }
     install_sglang || exit 1
     if [ ! -s "$SG/study/summary.csv" ] || [ -n "$(study_missing)" ]; then
       if [ "$(left)" -lt "${STUDY_MIN_S:-330}" ]; then say "study needs a fresh call ($(left) s left)"; pack_results; exit 3; fi
       # shellcheck disable=SC2086
       timeout "$(( $(left) - 20 ))" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" \
-        --draft "$RUN/drafts/eagle3" --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
+        --draft "$DRAFT" --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
         --max-new-tokens 128 --prefix "$PREFIX" --python python3 --budget-s $(( $(left) - 60 )) \
         --out "$SG/study" ${STUDY_ARGS:-} 2>&1 | grep -v "it/s\]"
       say "study: exit ${PIPESTATUS[0]}"
