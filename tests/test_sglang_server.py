@@ -139,3 +139,37 @@ def test_the_serve_command_without_sglang_is_one_clear_error(tmp_path, capsys, m
     assert code == 1 and "error: SGLang server exited with code 1" in err
     assert "No module named 'sglang'" in err  # the log's tail says why
     assert not list((tmp_path / "registry").glob("*.json"))
+
+
+def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing(tmp_path, monkeypatch):
+    """draftlab.sglang.live.measure over real server processes: one that never starts (recorded,
+    the rest measured), all stopped afterwards, and a rerun measures nothing twice."""
+    from draftlab.sglang import live
+
+    monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
+    ports = {}
+    args = {"baseline": [], "EAGLE3 S3 K1 D4": ["--accept", "2"], "broken": ["--ready-after", "600"]}
+    pids = []
+
+    def server(entry, log):
+        ports[entry.label] = port = free_port()
+        srv = ServerProcess([sys.executable, str(HEALTH), str(port), *args[entry.label]], log,
+                            base_url=f"http://127.0.0.1:{port}", startup_timeout=3 if entry.label == "broken" else 20,
+                            registry=tmp_path / "registry")
+        pids.append(srv)
+        return srv
+
+    entries = [live.Entry("baseline", "cmd"), live.Entry("EAGLE3 S3 K1 D4", "cmd", [1, 2], 3, 1, 4, "EAGLE3"),
+               live.Entry("broken", "cmd")]
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+    done = live.measure(entries, prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3, server=server)
+    assert done == ["baseline", "EAGLE3 S3 K1 D4"]
+    assert all(_gone(s.pid) for s in pids)
+    assert not list((tmp_path / "registry").glob("*.json"))
+    failures = [json.loads(x) for x in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
+    assert [f["label"] for f in failures] == ["broken"] and "no answer" in failures[0]["error"]
+    table = live.summarize(tmp_path / "out").set_index(["label", "concurrency"])
+    assert table.loc[("EAGLE3 S3 K1 D4", 1), "acceptance_length"] == pytest.approx(8 / 5)  # 3+3+2 tokens, 2+2+1 steps
+    assert table.loc[("EAGLE3 S3 K1 D4", 1), "identical"] == 3  # same fixture outputs as the baseline
+    assert live.measure(entries[:2], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3,
+                        server=server) == []

@@ -165,15 +165,17 @@ def _append_jsonl(path: Path, rows) -> None:
 
 def measure(entries: list[Entry], prompt_ids: list[list[int]], out: str | Path, *, repeats: int = 3,
             warmup: int = 2, max_new_tokens: int = 128, env: dict | None = None, python: str | None = None,
-            startup_timeout: float = 900.0, deadline: float | None = None) -> list[str]:
+            startup_timeout: float = 900.0, deadline: float | None = None, server=None) -> list[str]:
     """Start every server of `entries` not yet measured in `out`, all at once; measure them one at a
     time; stop each after its windows. Returns the labels measured now. `deadline` (time.time())
-    stops before an entry once passed; what is done stays for the rerun."""
+    stops before an entry once passed; what is done stays for the rerun. `server(entry, log_path)`
+    builds the server process (default: an SGLangServer from the entry's launch command)."""
     out = Path(out)
     stop_stale()
     todo = [e for e in entries if e.label not in _done_labels(out)]
-    servers = {e.label: SGLangServer(e.command, out / "servers" / f"{slug(e.label)}.log", python=python,
-                                     startup_timeout=startup_timeout, env=env) for e in todo}
+    server = server or (lambda e, log: SGLangServer(e.command, log, python=python, startup_timeout=startup_timeout,
+                                                    env=env))
+    servers = {e.label: server(e, out / "servers" / f"{slug(e.label)}.log") for e in todo}
     measured = []
     try:
         for srv in servers.values():

@@ -207,6 +207,22 @@ class ServerProcess:
             pass
         (self.registry / f"{proc.pid}.json").unlink(missing_ok=True)
 
+    def server_info(self, timeout: float = 10.0) -> dict | None:
+        """SGLang's /server_info (or the older /get_server_info) as a dict; None when neither answers."""
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                r = httpx.get(self.base_url + path, timeout=timeout)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                try:
+                    body = r.json()
+                except ValueError:
+                    continue
+                if isinstance(body, dict):
+                    return body
+        return None
+
     def log_tail(self, n: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -268,22 +284,6 @@ class SGLangServer(ServerProcess):
         self.command = command
         super().__init__(argv, log_path, base_url=f"http://{host}:{port}", health_path="/health",
                          startup_timeout=startup_timeout, env=env, **kwargs)
-
-    def server_info(self, timeout: float = 10.0) -> dict | None:
-        """/server_info (or the older /get_server_info) as a dict; None when neither answers."""
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                r = httpx.get(self.base_url + path, timeout=timeout)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                try:
-                    body = r.json()
-                except ValueError:
-                    continue
-                if isinstance(body, dict):
-                    return body
-        return None
 
 
 # ---------------------------------------------------------------------------- command line
