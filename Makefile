@@ -5,15 +5,21 @@ PY := $(VENV)/bin/python
 # CPU build from this machine's disk; on a GPU machine set TORCH to a CUDA build, e.g. TORCH=torch==2.11.0
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.draftlab-installed
+# nbstripout (git filter, Lab saves), playwright + Debian's chromium (the browser test)
+TOOLS_STAMP := $(VENV)/.draftlab-tools
+NBSTRIPOUT ?= nbstripout==0.9.1
+PLAYWRIGHT ?= playwright==1.65.2
 PROFILE ?= quick
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lab clean-venv
 
-## setup: venv + pinned torch + draftlab (editable) + the embedded target, converted once. Idempotent.
-setup: $(STAMP)
+## setup: venv + pinned torch + draftlab (editable) + the embedded target, converted once; the notebook
+## output filter in .git/config; the browser test's tools where they can be installed. Idempotent.
+setup: $(STAMP) $(TOOLS_STAMP)
 	@$(VENV)/bin/draftlab target embedded --json >/dev/null
 	@$(VENV)/bin/draftlab target tiny --json >/dev/null
+	@scripts/install_git_filter.sh "$(abspath $(PY))" >/dev/null
 	@echo "setup: ready ($(VENV), embedded target cached in .cache/)"
 
 $(STAMP): pyproject.toml
@@ -24,6 +30,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name draftlab --display-name draftlab >/dev/null
 	@touch $(STAMP)
 
+# chromium only as root with apt (Debian's package; playwright's own download needs the internet);
+# elsewhere the browser test says it skips and why
+$(TOOLS_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check "$(NBSTRIPOUT)" "$(PLAYWRIGHT)"
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "setup: apt-get install chromium (for the browser test)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+	    || echo "setup: chromium could not be installed; the browser test will skip"; \
+	else echo "setup: no chromium (install Debian's chromium as root); the browser test will skip"; fi
+	@touch $(TOOLS_STAMP)
+
 ## demo: run every numbered notebook headlessly with the quick profile into results/<run_id>/
 demo: setup
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
@@ -32,9 +50,11 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root)
+## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root); its config
+## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py)
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=. --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(VENV)/bin/jupyter lab --config=$(CURDIR)/scripts/lab/jupyter_server_config.py --notebook-dir=. --ip=127.0.0.1 \
+	    --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean-venv:
 	rm -rf $(VENV)

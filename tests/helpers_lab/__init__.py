@@ -1,0 +1,79 @@
+"""Start JupyterLab on loopback the way `make lab` does (same config file), for tests that talk to it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).parents[2]
+LAB_CONFIG = ROOT / "scripts" / "lab" / "jupyter_server_config.py"
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+    log: Path
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"token {self.token}"}
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        response = httpx.request(method, f"{self.url}/api/{path}", headers=self.headers, timeout=30, **kwargs)
+        response.raise_for_status()
+        return response
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_lab(root: Path, tmp_path: Path, timeout_s: float = 90):
+    """JupyterLab serving `root` with the repository's config; stopped (its process group) on exit."""
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--IdentityProvider.token={token}", f"--notebook-dir={root}", f"--config={LAB_CONFIG}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}
+    log_path = tmp_path / "lab.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    lab = Lab(f"http://127.0.0.1:{port}", token, root, log_path)
+    try:
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{lab.url}/api/status", headers=lab.headers, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited {proc.returncode}: {log_path.read_text()[-2000:]}")
+            if time.time() > deadline:
+                raise RuntimeError(f"JupyterLab did not answer in {timeout_s:.0f} s: {log_path.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield lab
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
