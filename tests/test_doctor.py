@@ -314,3 +314,30 @@ def test_notebook_draft_missing_names_notebook_04(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="run notebook 04_train_draft first"):
         draft_for_run(tmp_path, "tiny", False, tmp_path / "work")
+
+
+@pytest.mark.parametrize("layers", [[2, 4, 5], [3, 4, 6]])
+def test_deepseek_non_default_layers_export_passes_doctor(tmp_path, layers):
+    """The exporter and the doctor share one capture-id rule (model.capture): a draft trained on
+    non-default layers of a DeepSeek-family target is exported with ids that SGLang's DeepSeek
+    rule maps back to those layers, so the doctor finds no capture error."""
+    import torch
+    from transformers import AutoConfig
+
+    from draftlab.doctor_checks import check_capture_layers, read_draft
+    from draftlab.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.export import export_draft, validate
+    from draftlab.model.capture import captured_states
+
+    info = load_target_info(DEEPSEEK_TINY)
+    cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128,
+                                  capture_layers=layers)
+    draft = Eagle3Draft(cfg, torch.nn.Embedding(info.vocab_size, info.hidden_size))
+    draft.set_vocab(torch.arange(128))
+    out = export_draft(draft, tmp_path / "ds", max_position_embeddings=info.max_position_embeddings)
+    written = json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert captured_states(written, deepseek=True) == layers
+    assert validate(out) == []
+    findings = check_capture_layers(read_draft(out), info)
+    assert [f for f in findings if f.severity in ("error", "warning")] == [], findings
+    assert diagnose(str(out), DEEPSEEK_TINY)["errors"] == 0

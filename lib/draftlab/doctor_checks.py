@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftlab.launch import set_flag
+from draftlab.model.capture import CaptureError, captured_states, config_ids, default_capture, is_deepseek, trained_layers
+from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
 
-EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 SEVERITIES = ("error", "warning", "info", "ok")
 # Prefixes that training frameworks leave on names; SGLang's loader skips such names silently.
 KNOWN_PREFIXES = ("draft_model.", "model.", "module.", "_orig_mod.", "eagle.", "draft.")
-DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
 
 
 class DoctorInputError(Exception):
@@ -169,14 +169,12 @@ class TargetInfo:
 
     @property
     def is_deepseek(self) -> bool:
-        archs = " ".join(self.config.get("architectures") or [])
-        return self.model_type in DEEPSEEK_MODEL_TYPES or "Deepseek" in archs
+        return is_deepseek(self.model_type, self.config.get("architectures"))
 
     @property
     def default_capture(self) -> list:
         """SGLang's default capture ids ("input of layer i" = transformers hidden_states[i])."""
-        n = self.num_layers
-        return [2, n // 2, n - 3]
+        return default_capture(self.num_layers)
 
 
 def load_target_info(spec: str) -> TargetInfo:
@@ -204,40 +202,6 @@ def load_target_info(spec: str) -> TargetInfo:
         msg = str(exc).splitlines()[0] if str(exc) else ""
         raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub ({type(exc).__name__}: {msg})") from exc
     return TargetInfo(str(spec), Path(local), read_json(Path(local)))
-
-
-# ---------------------------------------------------------------------------------------------
-# The contract's tensor table
-# ---------------------------------------------------------------------------------------------
-
-
-def expected_tensors(config: dict, target_hidden: int, uses_aux: bool = True) -> dict:
-    """name -> shape that SGLang's LlamaForCausalLMEagle3 allocates for this draft config."""
-    h = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv = int(config.get("num_key_value_heads") or heads)
-    hd = int(config.get("head_dim") or h // heads)
-    inter = int(config["intermediate_size"])
-    vd = int(config.get("draft_vocab_size") or config["vocab_size"])
-    shapes = {
-        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv * hd, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, heads * hd),
-        "midlayer.mlp.gate_proj.weight": (inter, h),
-        "midlayer.mlp.up_proj.weight": (inter, h),
-        "midlayer.mlp.down_proj.weight": (h, inter),
-        "midlayer.hidden_norm.weight": (h,),
-        "midlayer.input_layernorm.weight": (h,),
-        "midlayer.post_attention_layernorm.weight": (h,),
-        "norm.weight": (h,),
-        "lm_head.weight": (vd, h),
-        "d2t": (vd,),
-        "t2d": (int(config["vocab_size"]),),
-    }
-    if uses_aux:
-        shapes["fc.weight"] = (h, 3 * target_hidden)
-    return shapes
 
 
 def _fmt(shape) -> str:
@@ -309,21 +273,6 @@ def check_fc_width(d: DraftFiles, t: TargetInfo) -> list:
     return [Finding("fc_width", "ok", f"fc.weight {_fmt(shape)} takes 3 x {t.hidden_size}", where=str(d.weight_files[0]))]
 
 
-def effective_capture(ids: list, deepseek: bool) -> list:
-    """The hidden_states indices SGLang captures for config ids (the DeepSeek quirk included)."""
-    if deepseek and ids and ids[0] != 1:
-        return list(ids)  # DeepSeek-family models add 1 only when the first id is 1
-    return [i + 1 for i in ids]
-
-
-def trained_capture(d: DraftFiles):
-    """The hidden_states indices the draft was trained on, when the export recorded them."""
-    meta = d.config.get("draftlab")
-    if isinstance(meta, dict) and isinstance(meta.get("capture_layers"), list):
-        return [int(i) for i in meta["capture_layers"]]
-    return None
-
-
 def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
     where = str(d.config_path)
     if not d.uses_aux:
@@ -335,7 +284,7 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
                 _config_fix("eagle_config", {**d.eagle_config, "use_aux_hidden_state": True}), where)]
         return [Finding("capture_layers_present", "info", "EAGLE-1-style draft: no capture layers", where=where)]
     n = t.num_layers
-    default_cfg_ids = [i - 1 for i in t.default_capture]  # config ids that give SGLang's default capture
+    default_cfg_ids = config_ids(t.default_capture, t.is_deepseek)  # the ids that give SGLang's default capture
     ids = d.eagle_config.get("eagle_aux_hidden_state_layer_ids")
     if ids is None:
         return [Finding(
@@ -348,7 +297,7 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
         return [Finding("capture_layers_present", "error", f"eagle_aux_hidden_state_layer_ids is {ids!r}, not a list of ints",
                         "SGLang cannot set the capture layers", _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids}), where)]
     out = [Finding("capture_layers_present", "ok", f"eagle_aux_hidden_state_layer_ids {ids}", where=where)]
-    captured = effective_capture(ids, t.is_deepseek)
+    captured = captured_states(ids, t.is_deepseek)
     bad = [i for i, c in zip(ids, captured) if not 1 <= c <= n - 1]
     if len(ids) != 3 or bad:
         out.append(Finding(
@@ -366,14 +315,13 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
             "capture_layers_range", "warning", f"layer ids {ids} are not strictly increasing",
             "the draft's fc was trained on the concatenation (low, mid, high); SGLang concatenates in the order captured",
             _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": sorted(set(ids))}), where))
-    trained = trained_capture(d)
+    trained = trained_layers(d.config)
     if trained is not None and captured != trained:
         check = "capture_layers_deepseek" if t.is_deepseek else "capture_layers_convention"
-        want_ids = [c - 1 for c in trained]
-        if t.is_deepseek and want_ids[0] != 1:
-            want_ids = list(trained)  # taken as-is by DeepSeek models
-        fix = _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": want_ids, "use_aux_hidden_state": True})
-        if t.is_deepseek and effective_capture(want_ids, True) != trained:
+        try:
+            want_ids = config_ids(trained, t.is_deepseek)
+            fix = _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": want_ids, "use_aux_hidden_state": True})
+        except CaptureError:
             fix = "no id list makes a DeepSeek-family SGLang model capture these layers; retrain on capturable layers"
         out.append(Finding(
             check, "error",

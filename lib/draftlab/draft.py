@@ -30,10 +30,7 @@ from transformers.models.llama.modeling_llama import (
     repeat_kv,
 )
 
-
-def default_capture_layers(num_layers: int) -> list[int]:
-    """SGLang's default aux layers for an N-layer target, as "input of layer i" ids."""
-    return [2, num_layers // 2, num_layers - 3]
+from draftlab.model.capture import capture_layers_from_config, default_capture, is_deepseek, recorded_deepseek
 
 
 def make_draft_config(
@@ -107,7 +104,7 @@ def draft_config_for_target(
     rope_theta = rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))
     scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
     eos = tc.eos_token_id
-    return make_draft_config(
+    cfg = make_draft_config(
         hidden_size=tc.hidden_size,
         vocab_size=tc.vocab_size,
         draft_vocab_size=draft_vocab_size,
@@ -119,12 +116,16 @@ def draft_config_for_target(
         rope_theta=rope_theta,
         rope_scaling=scaling,
         max_position_embeddings=max(max_position_embeddings or 0, tc.max_position_embeddings),
-        capture_layers=capture_layers if capture_layers is not None else default_capture_layers(n_layers),
+        capture_layers=capture_layers if capture_layers is not None else default_capture(n_layers),
         use_aux=use_aux,
         bos_token_id=tc.bos_token_id,
         eos_token_id=eos,
         pad_token_id=getattr(tc, "pad_token_id", None),
     )
+    # Export writes SGLang's config ids by the target family's rule (model.capture).
+    if is_deepseek(getattr(tc, "model_type", None), getattr(target_config, "architectures", None)):
+        cfg.capture_convention = "deepseek"
+    return cfg
 
 
 class Eagle3Attention(nn.Module):
@@ -388,9 +389,8 @@ def config_from_dict(raw: dict) -> LlamaConfig:
                                   "rope_theta": raw["rope_theta"]}
     for k in ("rope_theta", "rope_scaling", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype"):
         raw.pop(k, None)
-    from draftlab.export import capture_layers_from_config
-
     layers = capture_layers_from_config(raw)
+    deepseek = recorded_deepseek(raw)
     eagle = dict(raw.pop("eagle_config", None) or {})
     raw.pop("draftlab", None)
     if layers is not None:
@@ -400,4 +400,6 @@ def config_from_dict(raw: dict) -> LlamaConfig:
     cfg.architectures = ["LlamaForCausalLMEagle3"]
     cfg.draft_vocab_size = int(dvs)
     cfg.eagle_config = eagle
+    if deepseek:
+        cfg.capture_convention = "deepseek"
     return cfg

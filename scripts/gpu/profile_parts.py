@@ -24,7 +24,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftlab.draft import Eagle3Draft, draft_config_for_target
-from draftlab.target import Target, capture_layers_for
+from draftlab.model.capture import default_capture
+from draftlab.target import Target
 from draftlab.train import Features, TTTObjective, soft_targets
 
 
@@ -69,7 +70,7 @@ def random_target(config_json: Path, dtype) -> Target:
 
 def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
     dcfg = draft_config_for_target(target.config, draft_vocab_size=vd, use_aux=use_aux,
-                                   capture_layers=capture_layers_for(target.num_layers))
+                                   capture_layers=default_capture(target.num_layers))
     draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
     draft.set_vocab(torch.arange(vd))
     return draft.to(DEVICE)
