@@ -41,8 +41,8 @@ import json
 
 import pandas as pd
 
-from draftlab import catalog
-from draftlab import notebook as nb
+from draftlab.dataset_discovery import catalog
+from draftlab.run import notebook as nb
 
 run = nb.start("01_dataset_discovery", globals())
 out_dir = run.data("catalog")

@@ -36,7 +36,7 @@ EXAMPLES = 3  # example prompts to print per split
 import pandas as pd
 
 from draftlab import blend
-from draftlab import notebook as nb
+from draftlab.run import notebook as nb
 
 run = nb.start("02_blend", globals())
 out_dir = run.data("blend")

@@ -49,10 +49,12 @@ BATCH_SIZE = 1024  # rows per generate call (batch backend)
 BATCH_TOKENS = 0  # padded tokens per generate call at most (batch backend; bounds GPU memory); 0: no limit
 
 # %%
-from draftlab import notebook as nb
-from draftlab import monitor, regenerate as rg
-from draftlab.target import load_tokenizer
 import pandas as pd
+
+from draftlab import regenerate as rg
+from draftlab.model.target import load_tokenizer
+from draftlab.regenerate import monitor
+from draftlab.run import notebook as nb
 
 run = nb.start("03_regenerate", globals())
 

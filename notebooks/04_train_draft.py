@@ -50,16 +50,15 @@ RESUME = True  # continue an interrupted (or reuse a finished) training in RUN_D
 EXPORT_DTYPE = "bfloat16"  # dtype of the exported weights
 
 # %%
-import json
 
 import pandas as pd
 
-from draftlab import notebook as nb
-from draftlab.chat_data import split_holdout
-from draftlab.export import export_draft, validate
-from draftlab.target import load_target
-from draftlab.train import TrainConfig, plot_step_accuracy, plot_training, train
-from draftlab.train_parallel import train_side_by_side
+from draftlab.model.chat_data import split_holdout
+from draftlab.model.export import export_draft, validate
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
+from draftlab.train_draft import TrainConfig, plot_step_accuracy, plot_training, train
+from draftlab.train_draft.parallel import train_side_by_side
 
 run = nb.start("04_train_draft", globals())
 
@@ -82,9 +81,9 @@ print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_
 
 # %% [markdown]
 # ## 2 · Training (TTT) for each architecture, then export and validation
-# Both architectures use the same code path (`draftlab.train.train`); with `HIDDEN = "offline"`
+# Both architectures use the same code path (`draftlab.train_draft.train`); with `HIDDEN = "offline"`
 # the target's states are computed once into `RUN_DIR/train/hidden/` and reused by both.
-# Each export is checked by `draftlab.export.validate` (config.json + safetensors header only).
+# Each export is checked by `draftlab.model.export.validate` (config.json + safetensors header only).
 
 # %%
 recipe = dict(
@@ -152,7 +151,7 @@ nb.save_metrics(run, {
 
 # %% [markdown]
 # ## Findings
-# - Both exports pass `draftlab.export.validate` (the line printed under section 2 says so, and
+# - Both exports pass `draftlab.model.export.validate` (the line printed under section 2 says so, and
 #   `export_deviations` in `metrics.json` is empty); the EAGLE-1-style folder is for the ablation
 #   only: it has no `fc`, and SGLang's EAGLE3 cannot serve it.
 # - Reference quick run on the CPU (2026-11-29; 48 HumanEval-style conversations, one epoch,

@@ -48,15 +48,17 @@ LIVE_CONCURRENCY = [1, 8]  # live: concurrency levels
 LIVE_REPEATS = 3  # live: measurement windows per level (for confidence intervals)
 
 # %%
-import json
 
 import pandas as pd
 import torch
 
-from draftlab import bench, breakeven, lookup, specdec, specdec_report
-from draftlab import notebook as nb
-from draftlab.draft import load_draft
-from draftlab.target import load_target
+from draftlab import engine as specdec
+from draftlab.benchmark_acceptance import breakeven, lookup
+from draftlab.benchmark_acceptance import live as bench
+from draftlab.benchmark_acceptance import report as specdec_report
+from draftlab.model.draft import load_draft
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
 
 run = nb.start("06_benchmark_acceptance", globals())
 torch.set_num_threads(THREADS)
@@ -115,7 +117,7 @@ specdec_report.table(wrong) if wrong else "skipped"
 
 # %% [markdown]
 # ## 4 · Acceptance by chain length S (first evaluation set)
-# Prompt lookup, the free n-gram drafter (`draftlab.lookup`), is simulated exactly on the same
+# Prompt lookup, the free n-gram drafter (`draftlab.benchmark_acceptance.lookup`), is simulated exactly on the same
 # greedy outputs: the line a trained draft has to clear.
 
 # %%

@@ -1,4 +1,4 @@
-"""Time draftlab.vocab.token_counts against the per-row version it replaced, on a tokens cache.
+"""Time draftlab.train_draft.vocab.token_counts against the per-row version it replaced, on a tokens cache.
 
 Why: the per-row version spent ~345 s on the H200 machine when two trainings ran side by side
 (results/h200-profile-2026-11-30/setup-trace/). Run two copies at once to oversubscribe the cores:
@@ -12,7 +12,7 @@ import time
 import datasets
 import torch
 
-from draftlab.vocab import token_counts
+from draftlab.train_draft.vocab import token_counts
 
 
 def per_row_counts(samples, vocab_size: int) -> torch.Tensor:

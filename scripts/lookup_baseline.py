@@ -7,9 +7,9 @@ output, re-tokenised from text: close to, not exactly, the decoded tokens).
 import argparse
 import json
 
-from draftlab.lookup import lookup_acceptance
-from draftlab.records import read_jsonl
-from draftlab.target import load_tokenizer, render_chat
+from draftlab.benchmark_acceptance.lookup import lookup_acceptance
+from draftlab.core.records import read_jsonl
+from draftlab.model.target import load_tokenizer, render_chat
 
 
 def main() -> int:

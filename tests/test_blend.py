@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from draftlab import blend as B
-from draftlab import sources_offline as offline
-from draftlab.records import conversation_id, read_jsonl
+from draftlab.blend import cli as blend_cli
+from draftlab.core.records import conversation_id, read_jsonl
+from draftlab.dataset_discovery import offline
+from draftlab.dataset_discovery import sources as S
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "data" / "fixtures"
@@ -169,7 +171,7 @@ def test_quota_sampling_and_shuffle_are_seeded():
 
 def test_token_counter_matches_the_rendered_chat_template():
     """Per-message counts + measured template overhead == tokens of the rendered conversation."""
-    from draftlab.target import load_tokenizer
+    from draftlab.model.target import load_tokenizer
 
     tok = load_tokenizer("tiny")
     counter = B.TokenCounter(tok)
@@ -219,7 +221,7 @@ def test_blend_resumes_from_its_source_cache(tmp_path):
 def test_dataset_fitting_no_adapter_fails_at_once(tmp_path):
     spec = fixture_spec()
     spec["sources"].insert(0, {"name": "weird", "kind": "local", "path": str(FIXTURES / "unknown_schema.jsonl")})
-    with pytest.raises(B.S.AdapterError, match=r"source 'weird'.*columns \['completion', 'prompt'\] fit no adapter"):
+    with pytest.raises(S.AdapterError, match=r"source 'weird'.*columns \['completion', 'prompt'\] fit no adapter"):
         B.blend(spec, tmp_path, progress=False)
 
 
@@ -242,13 +244,13 @@ def test_bench_blend_runs_every_stage():
 def test_cli_parsers(tmp_path):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd")
-    B.add_blend_parser(sub)
+    blend_cli.add_blend_parser(sub)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(fixture_spec()))
     args = parser.parse_args(["blend", str(spec), "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
     assert (tmp_path / "out" / "train.jsonl").exists()
     bench = argparse.ArgumentParser().add_subparsers(dest="what")
-    B.add_bench_blend_parser(bench)
+    blend_cli.add_bench_blend_parser(bench)
     args = bench._name_parser_map["blend"].parse_args(["-n", "10", "--tokenizer", "none"])
     assert args.n == 10 and args.func is not None

@@ -5,10 +5,15 @@ import json
 import pytest
 import torch
 
-from draftlab.chat_data import load_tokenized, split_holdout, tokenize_conversation, tokenize_rows
-from draftlab.records import RecordError, make_conversation
-from draftlab.target import load_tokenizer
-from draftlab.vocab import build_draft_vocab, coverage, token_counts
+from draftlab.core.records import RecordError, make_conversation
+from draftlab.model.chat_data import (
+    load_tokenized,
+    split_holdout,
+    tokenize_conversation,
+    tokenize_rows,
+)
+from draftlab.model.target import load_tokenizer
+from draftlab.train_draft.vocab import build_draft_vocab, coverage, token_counts
 
 
 @pytest.fixture(scope="module")

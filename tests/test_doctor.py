@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.doctor import diagnose, doctor_main, add_doctor_parser, mode_widths
-from draftlab.doctor_cases import build_cases, good_draft
-from draftlab.doctor_checks import DoctorInputError, load_target_info, read_draft
-from draftlab.doctor_probe import acceptance_length, probe
+from draftlab.flag_diagnosis.cases import build_cases, good_draft
+from draftlab.flag_diagnosis.cli import add_doctor_parser, doctor_main
+from draftlab.flag_diagnosis.doctor import diagnose, mode_widths
+from draftlab.flag_diagnosis.inputs import (
+    DoctorInputError,
+    load_target_info,
+    read_draft,
+)
+from draftlab.flag_diagnosis.probe import acceptance_length, probe
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_doctor.sglang_stub import SGLangStub  # noqa: E402
@@ -94,7 +99,7 @@ def test_each_broken_case_gets_its_finding(library, name, check, severity):
 
 
 def test_library_covers_every_check():
-    from draftlab import doctor_checks
+    from draftlab.flag_diagnosis import inputs as doctor_checks
 
     source = Path(doctor_checks.__file__).read_text()
     import re
@@ -116,7 +121,7 @@ def test_exit_codes_and_fixes_in_text(library, capsys):
 
 
 def test_draftlab_export_writes_sglang_ids_and_passes(tmp_path):
-    """draftlab.export writes SGLang's config ids (trained index - 1) and records the trained indices."""
+    """draftlab.model.export writes SGLang's config ids (trained index - 1) and records the trained indices."""
     d = good_draft(tmp_path / "raw", "tiny", draft_vocab_size=256)
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
@@ -250,8 +255,8 @@ def test_probe_falls_back_to_get_server_info_and_generate():
 @pytest.mark.server
 def test_probe_real_transformers_serve_has_no_spec_fields(tmp_path):
     """The tiny target behind a real `transformers serve`: acceptance must be absent, not 1.0."""
-    from draftlab.serve import LocalServer
-    from draftlab.target import resolve_path
+    from draftlab.core.serve import LocalServer
+    from draftlab.model.target import resolve_path
 
     with LocalServer(resolve_path("tiny"), log_path=tmp_path / "serve.log") as srv:
         report = probe(srv.base_url, model=srv.model, max_tokens=16, prompts=("Say hi.",))
@@ -294,9 +299,9 @@ def test_eagle1_style_draft(tmp_path):
     import torch
     from transformers import AutoConfig
 
-    from draftlab.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.export import export_draft
-    from draftlab.serve import sglang_speculative_command
+    from draftlab.core.serve import sglang_speculative_command
+    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.model.export import export_draft
 
     info = load_target_info("tiny")
     cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, use_aux=False)
@@ -310,7 +315,7 @@ def test_eagle1_style_draft(tmp_path):
 
 
 def test_notebook_draft_missing_names_notebook_04(tmp_path):
-    from draftlab.doctor_cases import draft_for_run
+    from draftlab.flag_diagnosis.cases import draft_for_run
 
     with pytest.raises(FileNotFoundError, match="run notebook 04_train_draft first"):
         draft_for_run(tmp_path, "tiny", False, tmp_path / "work")
@@ -324,10 +329,11 @@ def test_deepseek_non_default_layers_export_passes_doctor(tmp_path, layers):
     import torch
     from transformers import AutoConfig
 
-    from draftlab.doctor_checks import check_capture_layers, read_draft
-    from draftlab.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.export import export_draft, validate
+    from draftlab.flag_diagnosis.checks import check_capture_layers
+    from draftlab.flag_diagnosis.inputs import read_draft
     from draftlab.model.capture import captured_states
+    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.model.export import export_draft, validate
 
     info = load_target_info(DEEPSEEK_TINY)
     cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128,

@@ -3,9 +3,14 @@
 import pytest
 import torch
 
-from draftlab.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.capture import default_capture
-from draftlab.hidden import aux_hidden, draft_features, final_hidden, logits_from_last, target_states
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import (
+    aux_hidden,
+    draft_features,
+    final_hidden,
+    logits_from_last,
+)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from draftlab.draft import Eagle3Draft, draft_config_for_target, load_draft
-from draftlab.export import export_draft, read_safetensors_header, validate
-from draftlab.target import read_config
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target, load_draft
+from draftlab.model.export import export_draft, read_safetensors_header, validate
+from draftlab.model.target import read_config
 
 # The contract's table for the embedded target (SmolLM2-135M-Instruct: H=576, 9/3 heads of 64, V=49152).
 H, V, VD, I = 576, 49152, 32000, 1536

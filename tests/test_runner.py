@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from draftlab import notebook as nb
-from draftlab import runner
+from draftlab.run import notebook as nb
+from draftlab.run import runner
 
 
 def test_profiles_only_name_declared_parameters():

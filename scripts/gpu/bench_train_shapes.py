@@ -1,4 +1,4 @@
-"""Training throughput of the real `draftlab.train` loop by batch-length rounding (pad_multiple).
+"""Training throughput of the real `draftlab.train_draft` loop by batch-length rounding (pad_multiple).
 
 Why: the reference run trained at ~0.4 s a step where the same step in isolation took ~0.2 s;
 real batches come in a new (B, L) shape almost every step, and a GPU pays for kernel plans per
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from draftlab.target import Target
-from draftlab.train import TrainConfig, train
+from draftlab.model.target import Target
+from draftlab.train_draft import TrainConfig, train
 
 
 def main() -> int:

@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftlab.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.capture import default_capture
-from draftlab.target import Target
-from draftlab.train import Features, TTTObjective, soft_targets
-
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.target import Target
+from draftlab.train_draft import Features, TTTObjective, soft_targets
 
 DEVICE = "cuda"  # --device cpu: a smoke test of this script with the tiny target's config
 
@@ -144,7 +143,7 @@ def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=1
 
 def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
     """Graphed verify step by tokens per step, graphed draft chain by S, and whole cycles."""
-    from draftlab.specdec import SpecConfig, SpecEngine
+    from draftlab.engine import SpecConfig, SpecEngine
 
     target = random_target(config_json, dtype)
     draft = make_draft(target, 16000, True).to(dtype)
@@ -190,8 +189,8 @@ VERIFY_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32, 64)
 
 def profile_verify(config_json: Path, dtype, max_len=1024) -> dict:
     """Median ms of one graphed TargetRunner.step by new tokens, for each mask kind (100 committed slots)."""
-    from draftlab import specdec
-    from draftlab.target import avoid_cudnn_attention
+    from draftlab.engine import runners as specdec
+    from draftlab.model.target import avoid_cudnn_attention
 
     if DEVICE == "cuda":
         avoid_cudnn_attention()  # as load_target does, so the engine's kernels are the ones timed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from draftlab.train import TrainConfig, train
+from draftlab.train_draft import TrainConfig, train
 
 
 def main() -> int:
