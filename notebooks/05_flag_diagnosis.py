@@ -43,7 +43,7 @@ import pandas as pd
 from draftlab.core.paths import repo_root
 from draftlab.core.serve import sglang_commands
 from draftlab.flag_diagnosis import cases as doctor_cases
-from draftlab.flag_diagnosis import doctor
+from draftlab.flag_diagnosis import doctor, reproduce
 from draftlab.flag_diagnosis.inputs import load_target_info
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
@@ -95,7 +95,7 @@ library
 
 # %%
 target = load_target(TARGET, device=run.device, dtype="float32")
-widths = doctor.measured_widths(target)
+widths = reproduce.measured_widths(target)
 pd.DataFrame(widths)
 
 # %% [markdown]
@@ -122,12 +122,12 @@ pd.DataFrame(deploy_widths)
 from draftlab.model.draft import load_draft
 
 draft = load_draft(draft_dir, target)
-prompt_set, prompts = doctor.eval_prompts(run.dir, EVAL_PROMPTS)
-modes = doctor.mode_acceptance(target, draft, prompts, num_steps=NUM_STEPS, max_new_tokens=MAX_NEW_TOKENS)
+prompt_set, prompts = reproduce.eval_prompts(run.dir, EVAL_PROMPTS)
+modes = reproduce.mode_acceptance(target, draft, prompts, num_steps=NUM_STEPS, max_new_tokens=MAX_NEW_TOKENS)
 for mode, res in modes.items():
     print(f"{mode:>6}: acceptance length {res['acceptance_length']:.3f} over {res['speculative']['completion_tokens']} "
           f"tokens, lossless {res['lossless']}, speedup {res['speedup']:.2f}x ({prompt_set}, {len(prompts)} prompts)")
-fig = doctor.plot_acceptance(modes, f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
+fig = reproduce.plot_acceptance(modes, f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
 nb.save_figure(run, fig, "acceptance_by_mode")
 
 # %% [markdown]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.benchmark_acceptance import live as bench
 from draftlab.benchmark_acceptance.live import (
     compare_live,
     load_eval_set,
@@ -24,6 +25,8 @@ from draftlab.engine import (
     encode_prompts,
     public,
 )
+from draftlab.model.draft import load_draft
+from draftlab.model.target import load_target
 
 # --------------------------------------------------------------------------- CLI
 
@@ -96,17 +99,12 @@ def add_bench_live_parser(subparsers) -> None:
 # --------------------------------------------------------------------------- CLI
 
 def _load_prompts(args, target) -> tuple[str, list]:
-    from draftlab.benchmark_acceptance import live as bench
-
     prompts = bench.load_eval_set(args.eval_set, run_dir=args.run_dir, limit=args.samples)
     return args.eval_set, [p["messages"] for p in prompts]
 
 
 def bench_specdec(args: argparse.Namespace) -> int:
     """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check."""
-    from draftlab.model.draft import load_draft
-    from draftlab.model.target import load_target
-
     torch.set_num_threads(args.threads)
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     draft = load_draft(args.draft, target)

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import httpx
 
+from draftlab.core.acceptance import acceptance_length as core_acceptance
+from draftlab.core.records import read_jsonl, validate_conversation
+from draftlab.core.serve import sglang_speculative_command, sglang_target_command
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
 
 # --------------------------------------------------------------------------- evaluation sets
@@ -37,8 +40,6 @@ def humaneval_prompts(limit: int | None = None) -> list[dict]:
 
 def prompt_messages(row: dict, where: str) -> list[dict]:
     """The conversation up to and including its last user turn (what the model must answer)."""
-    from draftlab.core.records import validate_conversation
-
     validate_conversation(row, where)
     messages = row["messages"]
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
@@ -48,8 +49,6 @@ def prompt_messages(row: dict, where: str) -> list[dict]:
 
 
 def jsonl_prompts(path: str | Path, limit: int | None = None, source: str | None = None) -> list[dict]:
-    from draftlab.core.records import read_jsonl
-
     rows = []
     for i, row in enumerate(read_jsonl(path)):
         if limit and len(rows) >= limit:
@@ -123,8 +122,7 @@ def acceptance_length(usages: list[Usage]) -> float | None:
     """sum(completion_tokens) / sum(spec_verify_ct); None unless every response has the field."""
     if not usages or any(u.spec_verify_ct is None for u in usages):
         return None
-    verify = sum(u.spec_verify_ct for u in usages)
-    return sum(u.completion_tokens for u in usages) / verify if verify else None
+    return core_acceptance([u.completion_tokens for u in usages], [u.spec_verify_ct for u in usages])
 
 
 # --------------------------------------------------------------------------- one endpoint
@@ -307,8 +305,6 @@ def sweep_plan(model_path: str, draft_path: str, grid: list[tuple[int, int, int]
                algorithm: str = "EAGLE3", host: str = "127.0.0.1", port: int = 30000, **server_kwargs) -> list[dict]:
     """Launch commands (draftlab.core.serve's builders) for the baseline and each grid point, all with
     the same --max-running-requests (EAGLE caps it at 48 otherwise: an unfair comparison)."""
-    from draftlab.core.serve import sglang_speculative_command, sglang_target_command
-
     plan = [{"label": "baseline", "steps": None, "topk": None, "draft_tokens": None, "url": f"http://{host}:{port}",
              "command": sglang_target_command(model_path, host=host, port=port,
                                               max_running_requests=max_running_requests, **server_kwargs)}]

@@ -9,6 +9,8 @@ computed from the tokens the reference engine already decoded, without another d
 
 from __future__ import annotations
 
+from draftlab.core.acceptance import acceptance_length
+
 
 def lookup_draft(context: list[int], steps: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to `steps` tokens that followed the latest earlier occurrence of the context's last n
@@ -50,4 +52,4 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], steps:
     cycles = sum(lookup_cycles(p, o, steps, max_ngram) for p, o in zip(prompts, outputs))
     return {"drafter": f"prompt lookup (n <= {max_ngram})", "steps": steps, "samples": len(prompts),
             "completion_tokens": tokens, "verify_steps": cycles,
-            "acceptance_length": tokens / cycles if cycles else None}
+            "acceptance_length": acceptance_length(tokens, cycles)}

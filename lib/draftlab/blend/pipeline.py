@@ -38,6 +38,7 @@ from draftlab.blend.text import (
     split_of,
 )
 from draftlab.core.records import read_jsonl, write_jsonl
+from draftlab.model.target import load_tokenizer
 
 # --------------------------------------------------------------------------------- pipeline
 
@@ -221,8 +222,6 @@ def resolve_tokenizer(spec: dict, target: str | None = None):
         if target is None:
             raise BlendSpecError("the spec's tokenizer is 'target' but no target was given (pass --target)")
         name = target
-    from draftlab.model.target import load_tokenizer
-
     return load_tokenizer(name)
 
 

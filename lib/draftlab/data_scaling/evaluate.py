@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from draftlab.core.acceptance import acceptance_length
 from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.plan import ScalingError
+from draftlab.engine import SpecConfig, encode_prompts, graphed_engine
+from draftlab.engine import summarize as summarize_runs
+from draftlab.model.chat_data import load_tokenized
+from draftlab.model.draft import load_draft
+from draftlab.model.hidden import draft_layers, final_feature, logits_from_last, target_states
+from draftlab.train_draft import TTTObjective, collate, summarize
 
 # ---------------------------------------------------------------------------------- evaluation
 
 
 def load_val(val_file, tokenizer, max_len: int, overlong: str, cache_dir, limit: int):
     """The held-out split tokenised with the target's template (datasets, cached)."""
-    from draftlab.model.chat_data import load_tokenized
-
     ds, stats = load_tokenized(val_file, tokenizer, max_len, overlong, cache_dir, limit or None)
     return ds, stats
 
@@ -29,9 +34,6 @@ class HeldOut:
     def __init__(self, target, val_ds, layers, progress: bool = True):
         import torch
         from tqdm.auto import tqdm
-
-        from draftlab.model.hidden import logits_from_last, target_states
-        from draftlab.train_draft import collate
 
         self.layers = list(layers)
         self.items = []
@@ -70,9 +72,6 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     import torch.nn.functional as F
     from tqdm.auto import tqdm
 
-    from draftlab.model.hidden import draft_layers, final_feature, logits_from_last
-    from draftlab.train_draft import TTTObjective, summarize
-
     if draft.use_aux and draft_layers(target, draft) != held.layers:
         raise ScalingError(f"draft captures layers {draft_layers(target, draft)}, held-out states hold {held.layers}")
     device = next(draft.parameters()).device
@@ -108,9 +107,6 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
                      bootstrap: int = 1000, seed: int = 0, progress: bool = True) -> dict:
     """Real chain speculative decoding (topk 1, S steps) in the reference engine: acceptance length
     = completion tokens / verify steps (contract section 5), with a bootstrap SE over prompts."""
-    from draftlab.engine import SpecConfig, graphed_engine, summarize
-    from draftlab.model.draft import load_draft
-
     draft = load_draft(draft_dir, target)
     cfg = SpecConfig(mode="EAGLE3", num_steps=steps, topk=1, max_new_tokens=max_new_tokens)
     need = max(len(p) for p in prompt_ids) + max_new_tokens + steps + 4
@@ -122,7 +118,7 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
                                                        leave=False)]
     finally:
         engine.close()
-    s = summarize(results, steps)
+    s = summarize_runs(results, steps)
     toks = np.array([len(r.tokens) for r in results], dtype=float)
     ver = np.array([max(r.verify_steps, 0) for r in results], dtype=float)
     rng = np.random.default_rng(seed)
@@ -130,7 +126,7 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
     for _ in range(bootstrap):
         k = rng.integers(0, len(results), len(results))
         if ver[k].sum() > 0:
-            boots.append(toks[k].sum() / ver[k].sum())
+            boots.append(acceptance_length(toks[k].sum(), ver[k].sum()))
     return {"acceptance_length": s["acceptance_length"], "acceptance_length_se": float(np.std(boots, ddof=1))
             if len(boots) > 1 else None, "prompts": len(results), "completion_tokens": s["completion_tokens"],
             "verify_steps": s["verify_steps"], "position_acceptance": s["position_acceptance"],
@@ -139,8 +135,6 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
 
 def heldout_prompts(target, val_file, limit: int) -> list[list[int]]:
     """Token ids of the first `limit` held-out conversations cut before their first assistant turn."""
-    from draftlab.engine import encode_prompts
-
     prompts = []
     for row in read_jsonl(val_file):
         msgs = row["messages"]

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.core.records import RecordError, read_jsonl
+from draftlab.model.chat_data import split_holdout
+from draftlab.train_draft import find_checkpoint
 
 ARCHS = ("eagle3", "eagle1")
 # TrainConfig fields that make up the recipe; two drafts are comparable only when these agree.
@@ -53,8 +55,6 @@ def prepare(run_dir, out_dir, sizes: list[int], seed: int = 0, val_samples: int 
     notes = []
     val_file, train_source = regen / "val.jsonl", source
     if not val_file.is_file():
-        from draftlab.model.chat_data import split_holdout
-
         mine = Path(run_dir) / "train" / "holdout"  # notebook 04's split: its drafts never saw these rows
         if (mine / "val.jsonl").is_file() and (mine / "train.jsonl").is_file():
             train_source, val_file = mine / "train.jsonl", mine / "val.jsonl"
@@ -91,8 +91,6 @@ def _write_if_changed(path: Path, rows: list[dict]) -> None:
 
 def recipe_from_04(run_dir, arch: str = "eagle3") -> dict | None:
     """The recipe notebook 04 trained with (RUN_DIR/train/<arch>/ latest checkpoint), or None."""
-    from draftlab.train_draft import find_checkpoint
-
     try:
         ck = find_checkpoint(Path(run_dir) / "train" / arch)
     except FileNotFoundError:

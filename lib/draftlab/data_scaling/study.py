@@ -25,6 +25,10 @@ from draftlab.data_scaling.plan import (
     recipe_from_04,
     settings_key,
 )
+from draftlab.model.draft import load_draft
+from draftlab.model.export import export_draft
+from draftlab.train_draft import TrainConfig, train
+from draftlab.train_draft.parallel import train_side_by_side
 
 # ---------------------------------------------------------------------------------- the study
 
@@ -94,9 +98,6 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
     all the data with the same recipe): dicts with arch, n, draft_dir, source.
     Returns {"results": rows for this plan's settings, "deferred": items left for a rerun, ...}.
     """
-    from draftlab.model.export import export_draft
-    from draftlab.train_draft import TrainConfig, train
-
     out = Path(out_dir)
     results_path = out / "results.jsonl"
     t_start = time.monotonic()
@@ -118,8 +119,6 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
 
     def measure(arch, n, draft_dir, source, extra):
         """Every point is measured from its exported folder (bf16 weights, as a server loads them)."""
-        from draftlab.model.draft import load_draft
-
         t0 = time.monotonic()
         draft = load_draft(draft_dir, target)
         sim = simulated_acceptance(target, draft, held, settings.train.get("ttt_steps", 7),
@@ -171,8 +170,6 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         if settings.side_by_side and (arch, n) not in trained_together:
             group = [a for a, m in items if m == n and item_key(a, m) not in have]
             if len(group) > 1:
-                from draftlab.train_draft.parallel import train_side_by_side
-
                 try:
                     together = train_side_by_side([subset_config(a, n)[0] for a in group], resume=True, target=target)
                     trained_together.update({(a, n): (together[a], time.monotonic() - t0) for a in group})

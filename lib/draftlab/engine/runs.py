@@ -10,6 +10,7 @@ import warnings
 import weakref
 from dataclasses import asdict, replace
 
+from draftlab.core.acceptance import acceptance_length
 from draftlab.engine.runners import SpecConfig
 from draftlab.engine.spec import PromptResult, SpecEngine, _sync
 
@@ -43,7 +44,7 @@ def summarize(results: list[PromptResult], num_steps: int | None = None) -> dict
     }
     accepted = [a for r in results for a in r.accepted]
     if num_steps is not None:
-        out["acceptance_length"] = tokens / verify if verify else None
+        out["acceptance_length"] = acceptance_length(tokens, verify)
         out["mean_accepted_plus_one"] = (sum(accepted) / len(accepted) + 1) if accepted else None
         hist = [0] * (num_steps + 1)
         for a in accepted:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 
+from draftlab.model.target import load_target
+
 LIBRARIES = (
     "draftlab", "torch", "transformers", "accelerate", "datasets", "safetensors", "huggingface_hub",
     "tokenizers", "papermill", "jupytext", "pandas", "matplotlib", "openai", "httpx", "datasketch",
@@ -36,8 +38,6 @@ def target_shape(spec: str, device: str) -> dict:
     import time
 
     import torch
-
-    from draftlab.model.target import load_target
 
     start = time.perf_counter()
     target = load_target(spec, device=device)

@@ -14,6 +14,13 @@ from pathlib import Path
 
 import torch
 
+from draftlab.core.launch import set_flag
+from draftlab.core.serve import sglang_speculative_command, sglang_target_command
+from draftlab.flag_diagnosis.doctor import diagnose
+from draftlab.flag_diagnosis.inputs import load_target_info
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.export import export_draft
+
 
 def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, seed: int = 0,
                sglang_ids: bool = True) -> Path:
@@ -24,10 +31,6 @@ def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, s
     naive exporter would (the input-of-layer ids themselves, nothing recorded).
     """
     from transformers import AutoConfig
-
-    from draftlab.flag_diagnosis.inputs import load_target_info
-    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.model.export import export_draft
 
     info = load_target_info(target_spec)
     tconf = AutoConfig.from_pretrained(info.config_path.parent)
@@ -93,10 +96,6 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     target: the target `good` was exported for; deepseek_target: a DeepSeek-family config with the
     same widths (data/configs/deepseek-tiny) for the capture-layer quirk.
     """
-    from draftlab.core.launch import set_flag
-    from draftlab.core.serve import sglang_speculative_command, sglang_target_command
-    from draftlab.flag_diagnosis.inputs import load_target_info
-
     good, out = Path(good), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     info = load_target_info(target)
@@ -199,8 +198,6 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
 def run_library(cases) -> "pandas.DataFrame":
     """doctor on every case: did the expected finding fire, and what fix did it give."""
     import pandas as pd
-
-    from draftlab.flag_diagnosis.doctor import diagnose
 
     rows = []
     for c in cases:

@@ -14,6 +14,7 @@ from draftlab.flag_diagnosis.inputs import (
     load_target_info,
     read_draft,
 )
+from draftlab.flag_diagnosis.probe import probe
 
 # ---------------------------------------------------------------------------------------------
 # CLI
@@ -48,8 +49,6 @@ def doctor_main(args: argparse.Namespace) -> int:
     try:
         report = None
         if args.probe:
-            from draftlab.flag_diagnosis.probe import probe
-
             draft = read_draft(args.draft) if args.draft else None
             target = load_target_info(args.target) if (args.draft and args.target) else None
             report = probe(args.probe, draft=draft, target=target, model=args.model, max_tokens=args.max_tokens)

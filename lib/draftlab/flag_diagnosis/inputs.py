@@ -12,6 +12,7 @@ from pathlib import Path
 
 from draftlab.model.capture import default_capture, is_deepseek
 from draftlab.model.contract import EAGLE3_ARCH
+from draftlab.model.target import TargetError, resolve_path
 
 SEVERITIES = ("error", "warning", "info", "ok")
 # Prefixes that training frameworks leave on names; SGLang's loader skips such names silently.
@@ -181,8 +182,6 @@ def load_target_info(spec: str) -> TargetInfo:
     if path.is_dir():
         return TargetInfo(str(spec), path / "config.json", read_json(path / "config.json"))
     if path.suffix == ".gguf" or str(spec) in ("embedded", "tiny"):
-        from draftlab.model.target import TargetError, resolve_path
-
         try:
             folder = resolve_path(str(spec))
         except TargetError as exc:

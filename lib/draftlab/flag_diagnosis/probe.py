@@ -12,7 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from draftlab.core.acceptance import acceptance_length as core_acceptance
 from draftlab.core.launch import LaunchError, ServerSettings, from_server_info
+from draftlab.flag_diagnosis.checks_server import run_checks
+from draftlab.flag_diagnosis.inputs import DoctorInputError, read_draft
 
 PROBE_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -68,7 +71,7 @@ def acceptance_length(metas: list) -> tuple:
     tokens = sum(int(m["completion_tokens"]) for m in metas)
     if verify == 0:
         return None, f"absent: spec_verify_ct is 0 over {len(metas)} requests ({tokens} tokens): speculation is off"
-    return tokens / verify, f"{tokens} tokens / {verify} verify steps over {len(metas)} greedy requests"
+    return core_acceptance(tokens, verify), f"{tokens} tokens / {verify} verify steps over {len(metas)} greedy requests"
 
 
 def _meta_from_chat(body: dict) -> dict:
@@ -180,8 +183,6 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
     if draft is None and report.settings and report.settings.draft_model_path:
         from pathlib import Path
 
-        from draftlab.flag_diagnosis.inputs import DoctorInputError, read_draft
-
         if (Path(report.settings.draft_model_path) / "config.json").is_file():  # the server's draft is local
             try:
                 draft = read_draft(report.settings.draft_model_path)
@@ -224,8 +225,6 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
         causes.append(Cause(0.8, "one draft token per step", f"speculative_num_draft_tokens {s.num_draft_tokens}",
                             "use --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"))
     if draft is not None:
-        from draftlab.flag_diagnosis.checks_server import run_checks
-
         for f in run_checks(draft, target, [s] if s else []):
             if f.severity == "error" and f.check != "algorithm":
                 causes.append(Cause(0.6, f"draft: {f.what}", f.why, f.fix))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from draftlab.core.records import RecordError, read_jsonl, validate_conversation
+from draftlab.core.records import RecordError, read_jsonl, validate_conversation, write_jsonl
 from draftlab.model.target import render_chat
 
 OVERLONG_POLICIES = ("truncate", "drop")
@@ -174,8 +174,6 @@ def split_holdout(train_path, n_val: int, out_dir, seed: int = 0):
     """No val.jsonl from stage 03: hold out n_val conversations of train.jsonl (by a seeded shuffle)
     into out_dir/{train,val}.jsonl, leaving the input untouched. Returns the two paths."""
     import random
-
-    from draftlab.core.records import write_jsonl
 
     rows = list(read_jsonl(train_path))
     if len(rows) <= n_val:

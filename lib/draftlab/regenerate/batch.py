@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+from draftlab.model.target import load_target
 from draftlab.regenerate.config import RegenConfig, plan_turns, slots
 from draftlab.regenerate.outputs import (
     Outputs,
@@ -140,8 +141,6 @@ def regenerate_batch(rows: list[dict], work: str | os.PathLike, config: RegenCon
 def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch_size,
                              input_path, progress, cache, batch_tokens, desc) -> dict:
     import torch
-
-    from draftlab.model.target import load_target
 
     state = scan_work(work)
     finished = state.finished

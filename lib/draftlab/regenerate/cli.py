@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from draftlab.core.serve import LocalServer
+from draftlab.model.target import load_target, resolve_device, resolve_path
 from draftlab.regenerate import monitor
-from draftlab.regenerate.batch import sweep_batch_sizes
+from draftlab.regenerate.batch import regenerate_batch, sweep_batch_sizes
 from draftlab.regenerate.bench import bench_client
 from draftlab.regenerate.config import (
     SYSTEM_POLICIES,
@@ -89,17 +91,12 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
     rows = load_conversations(args.input, args.limit)
     work = Path(args.work)
     if args.backend == "batch":
-        from draftlab.regenerate.batch import regenerate_batch
-
         config = config_from_args(args, model=args.target)
         summary = regenerate_batch(rows, work, config, target=args.target, device=args.device,
                                    dtype=args.dtype, batch_size=args.batch_size,
                                    input_path=args.input, progress=not args.no_progress,
                                    cache=args.cache, batch_tokens=args.batch_tokens)
     elif args.serve:
-        from draftlab.core.serve import LocalServer
-        from draftlab.model.target import resolve_device, resolve_path
-
         folder = resolve_path(args.serve)
         log = Path(args.log_dir or work) / "serve.log"
         with LocalServer(folder, log_path=log, device=resolve_device(args.device)) as srv:
@@ -148,9 +145,6 @@ def _bench_client_cli(args: argparse.Namespace) -> int:
     else:
         import tempfile
 
-        from draftlab.core.serve import LocalServer
-        from draftlab.model.target import resolve_path
-
         folder = resolve_path(args.serve or "embedded")
         log = Path(tempfile.mkdtemp(prefix="draftlab-bench-")) / "serve.log"
         with LocalServer(folder, log_path=log, device=args.device) as srv:
@@ -190,9 +184,6 @@ def add_bench_generate_parser(subparsers) -> None:
 
 
 def _bench_generate_cli(args) -> int:
-    from draftlab.model.target import load_target
-    from draftlab.regenerate.config import load_conversations
-
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     rows = load_conversations(args.prompts)  # all: the batches are taken around the median length
     target = load_target(args.target, device=args.device, dtype=args.dtype)

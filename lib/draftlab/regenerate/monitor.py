@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from draftlab.regenerate.client import reason_kind
 from draftlab.regenerate.outputs import _read_lenient, shard_paths
 
 
@@ -99,8 +100,6 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
 
 def _top_reasons(errors: dict, n: int = 3) -> list[tuple[str, int]]:
     from collections import Counter
-
-    from draftlab.regenerate.client import reason_kind
 
     return Counter(reason_kind(r.get("reason", "?")) for r in errors.values()).most_common(n)
 

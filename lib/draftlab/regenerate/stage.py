@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 from draftlab.core.records import RecordError
+from draftlab.core.serve import LocalServer
+from draftlab.model.target import EMBEDDED_NAME, load_target, resolve_path
+from draftlab.regenerate.batch import regenerate_batch
 from draftlab.regenerate.client import (
     ChatClient,
     RequestFailed,
@@ -150,8 +153,6 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
     """
     from contextlib import ExitStack
 
-    from draftlab.model.target import EMBEDDED_NAME, resolve_path
-
     out_dir = Path(out_dir)
     limits = limits or {}
     rows = {s: load_conversations(p, limits.get(s, 0)) for s, p in inputs.items()}
@@ -160,14 +161,9 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
     with ExitStack() as stack:
         urls = list(base_urls)
         if backend == "batch":
-            from draftlab.model.target import load_target
-            from draftlab.regenerate.batch import regenerate_batch
-
             tgt = load_target(target, device=device, dtype=dtype)
             config.model = config.model or target
         elif not urls:
-            from draftlab.core.serve import LocalServer
-
             # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
             threads = 1 if target == "tiny" and device == "cpu" else None
             srv = stack.enter_context(LocalServer(resolve_path(target), out_dir / "serve.log",

@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
+from draftlab.core.acceptance import simulated_acceptance
 from draftlab.model.draft import Eagle3Draft, config_from_dict
+from draftlab.model.target import load_target
 from draftlab.train_draft.config import TrainConfig
 
 
@@ -104,8 +106,6 @@ def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "c
     an already loaded one (its embedding is shared, as in training)."""
     from safetensors.torch import load_file
 
-    from draftlab.model.target import load_target
-
     ck = find_checkpoint(path)
     state = json.loads((ck / "state.json").read_text())
     if target is None:
@@ -162,14 +162,13 @@ class Logs:
 
 def summarize(stats: torch.Tensor, decay: float) -> dict:
     """stats [steps, 4] summed -> loss_i, acc_i, weighted loss, simulated acceptance length."""
-    out, loss, accept, chain = {}, 0.0, 1.0, 1.0
+    out, loss, rates = {}, 0.0, []
     for i, (ce, n, correct, scored) in enumerate(stats.tolist()):
         li = ce / max(n, 1)
         ai = correct / max(scored, 1)
         out[f"loss_{i}"], out[f"acc_{i}"] = li, ai
         loss += decay ** i * li
-        chain *= ai
-        accept += chain
+        rates.append(ai)
     out["loss"] = loss
-    out["sim_accept_len"] = accept
+    out["sim_accept_len"] = simulated_acceptance(rates)
     return out

@@ -9,6 +9,7 @@ import torch
 import torch.utils.checkpoint
 
 from draftlab.model.export import export_draft, validate
+from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig
 from draftlab.train_draft.loop import train
 from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
@@ -41,8 +42,6 @@ def _train_main(args) -> int:
     result = train(TrainConfig(**d), resume=args.resume)
     _, rank, _ = dist_info()
     if args.export and rank == 0 and result["finished"]:
-        from draftlab.model.export import export_draft, validate
-
         export_draft(result["draft"], args.export, max_position_embeddings=result["target"].max_position_embeddings)
         problems = validate(args.export, result["target"], allow_eagle1=not result["draft"].use_aux)
         print(f"exported {args.export}: " + ("conforms to the EAGLE-3 contract" if not problems else "; ".join(problems)))
@@ -68,7 +67,6 @@ def _export_main(args) -> int:
     if args.validate_only:
         problems = validate(args.out, allow_eagle1=args.allow_eagle1)
     else:
-        from draftlab.train_draft.checkpoint import load_checkpoint_draft
         draft, target = load_checkpoint_draft(args.checkpoint, target_spec=args.target)
         export_draft(draft, args.out, max_position_embeddings=target.max_position_embeddings, dtype=args.dtype)
         problems = validate(args.out, target, allow_eagle1=not draft.use_aux)

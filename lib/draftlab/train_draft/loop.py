@@ -14,7 +14,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import OfflineHidden, precompute_hidden
+from draftlab.model.target import avoid_cudnn_attention, load_target, resolve_device
 from draftlab.train_draft.checkpoint import (
     Logs,
     _optimizer_state,
@@ -36,6 +39,7 @@ from draftlab.train_draft.objective import (
     plan_epoch,
     soft_targets,
 )
+from draftlab.train_draft.vocab import build_draft_vocab, coverage, save_vocab, token_counts
 
 
 # ---- the training run ------------------------------------------------------------------------
@@ -44,16 +48,6 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
 
     Under torchrun every rank calls this; rank 0 writes logs and checkpoints.
     """
-    from draftlab.model.chat_data import load_tokenized
-    from draftlab.model.hidden import OfflineHidden, precompute_hidden
-    from draftlab.model.target import avoid_cudnn_attention, load_target, resolve_device
-    from draftlab.train_draft.vocab import (
-        build_draft_vocab,
-        coverage,
-        save_vocab,
-        token_counts,
-    )
-
     phases, mark = {}, [time.time()]  # set-up seconds by phase (printed with their sum): where a slow start goes
 
     def phase_done(name: str) -> None:

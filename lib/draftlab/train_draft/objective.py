@@ -16,6 +16,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from draftlab.model.draft import Eagle3Draft
+from draftlab.model.hidden import final_feature, logits_from_last, target_states
 from draftlab.train_draft.config import TrainConfig
 
 
@@ -169,8 +170,6 @@ class Features:
 
     @torch.no_grad()
     def __call__(self, indices, ids, valid, device):
-        from draftlab.model.hidden import final_feature, target_states
-
         if self.offline is not None:
             aux, last = self.offline.get(indices, ids.shape[1], want_aux=self.use_aux)
             aux = aux.to(device) if aux is not None else None
@@ -184,8 +183,6 @@ class Features:
 def soft_targets(target, last, draft_ids, t2d, chunk: int = 8192):
     """From the pre-norm final state: (target logits over the draft vocab [B,L,Vd], full arg-max [B,L],
     arg-max in draft vocab [B,L]); computed in chunks of positions to bound memory."""
-    from draftlab.model.hidden import logits_from_last
-
     b, l, h = last.shape
     flat = last.reshape(b * l, h)
     d_parts, top_parts = [], []

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from draftlab.model.chat_data import load_tokenized
+from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig
 
@@ -75,9 +77,6 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
     """Train every config at once, each in its own process; {arch: result} as `train` returns it
     (read back from summary.json, with the draft loaded from the last checkpoint)."""
     from tqdm.auto import tqdm
-
-    from draftlab.model.chat_data import load_tokenized
-    from draftlab.model.target import load_tokenizer, resolve_path
 
     archs = [c.arch for c in cfgs]
     if len(set(archs)) != len(archs) or len({c.out_dir for c in cfgs}) != len(cfgs):
