@@ -25,7 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftlab.model.capture import default_capture
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
-from draftlab.model.target import Target
+from draftlab.model.target import Target, autocast
 from draftlab.train_draft import Features, TTTObjective, soft_targets
 
 DEVICE = "cuda"  # --device cpu: a smoke test of this script with the tiny target's config
@@ -89,21 +89,20 @@ def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=1
         loss_mask = valid.clone()
         loss_mask[:, : length // 3] = False  # the prompt part
         feats = Features(target, layers, True)
-        amp = lambda: torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda")  # noqa: E731
         state = {}
 
         def features():
             state["f"], state["last"] = feats(None, ids, valid, DEVICE)
 
         def targets():
-            with amp():
+            with autocast(DEVICE):
                 state["t"] = soft_targets(target, state["last"], draft.draft_ids(), draft.t2d)
 
         pred_mask = torch.nn.functional.pad((loss_mask & valid)[:, 1:], (0, 1))
 
         def fwd_bwd():
             td, top, inv = state["t"]
-            with amp():
+            with autocast(DEVICE):
                 loss, _ = objective(state["f"], ids, valid, pred_mask, inv, td, top)
             loss.backward()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from draftlab.core.acceptance import acceptance_length as core_acceptance
-from draftlab.core.records import read_jsonl, validate_conversation
+from draftlab.core.records import prompt_messages, read_jsonl
 from draftlab.core.serve import sglang_speculative_command, sglang_target_command
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
 
@@ -36,16 +36,6 @@ def humaneval_prompts(limit: int | None = None) -> list[dict]:
     rows = [{"id": p["task_id"], "source": "openai/humaneval",
              "messages": [{"role": "user", "content": humaneval_prompt(p)}]} for p in humaneval_problems()]
     return rows[:limit] if limit else rows
-
-
-def prompt_messages(row: dict, where: str) -> list[dict]:
-    """The conversation up to and including its last user turn (what the model must answer)."""
-    validate_conversation(row, where)
-    messages = row["messages"]
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    if last_user is None:
-        raise ValueError(f"{where}: field 'messages' has no user turn to answer")
-    return messages[: last_user + 1]
 
 
 def jsonl_prompts(path: str | Path, limit: int | None = None, source: str | None = None) -> list[dict]:

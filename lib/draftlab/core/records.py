@@ -88,3 +88,17 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     count = append_jsonl(tmp, rows)
     tmp.replace(path)
     return count
+
+
+def prompt_messages(row: dict, where: str) -> list[dict]:
+    """The prompt of a conversation: everything up to and including its last user turn.
+
+    The one cutting rule for every evaluation set (live servers, the reference engine, the
+    scaling study): the request a deployed server would get, earlier turns included.
+    """
+    validate_conversation(row, where)
+    messages = row["messages"]
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last_user is None:
+        raise ValueError(f"{where}: field 'messages' has no user turn to answer")
+    return messages[: last_user + 1]

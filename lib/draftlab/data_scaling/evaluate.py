@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from draftlab.core.acceptance import acceptance_length
-from draftlab.core.records import read_jsonl
+from draftlab.core.records import prompt_messages, read_jsonl, validate_conversation
 from draftlab.data_scaling.plan import ScalingError
 from draftlab.engine import SpecConfig, encode_prompts, graphed_engine
 from draftlab.engine import summarize as summarize_runs
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import load_draft
 from draftlab.model.hidden import draft_layers, final_feature, logits_from_last, target_states
+from draftlab.model.target import autocast
 from draftlab.train_draft import TTTObjective, collate, summarize
 
 # ---------------------------------------------------------------------------------- evaluation
@@ -39,7 +40,7 @@ class HeldOut:
         self.items = []
         device = next(target.model.parameters()).device
         pad_id = target.tokenizer.pad_token_id or 0
-        amp = _amp(device)
+        amp = autocast(device)
         with torch.no_grad():
             for k in tqdm(range(len(val_ds)), desc="held-out target states", unit="conv", disable=not progress,
                           leave=False):
@@ -51,13 +52,6 @@ class HeldOut:
 
     def __len__(self):
         return len(self.items)
-
-
-def _amp(device):
-    import torch
-
-    device = torch.device(device)
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
 
 def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: float = 0.8, bootstrap: int = 1000,
@@ -75,7 +69,7 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     if draft.use_aux and draft_layers(target, draft) != held.layers:
         raise ScalingError(f"draft captures layers {draft_layers(target, draft)}, held-out states hold {held.layers}")
     device = next(draft.parameters()).device
-    amp = _amp(device)
+    amp = autocast(device)
     objective = TTTObjective(draft, ttt_steps, decay)
     dids, t2d = draft.draft_ids(), draft.t2d
     per = []  # [n, steps, 4]
@@ -134,15 +128,16 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
 
 
 def heldout_prompts(target, val_file, limit: int) -> list[list[int]]:
-    """Token ids of the first `limit` held-out conversations cut before their first assistant turn."""
+    """Token ids of the prompts (core.records.prompt_messages) of the first `limit` held-out conversations."""
     prompts = []
-    for row in read_jsonl(val_file):
-        msgs = row["messages"]
-        first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
-        if first:  # at least one message before the reply
-            prompts.append(msgs[:first])
+    for i, row in enumerate(read_jsonl(val_file)):
+        where = f"{val_file}: row {i + 1}"
+        validate_conversation(row, where)
+        if not any(m["role"] == "user" for m in row["messages"]):
+            continue  # no user turn: nothing to answer
+        prompts.append(prompt_messages(row, where))
         if len(prompts) >= limit:
             break
     if not prompts:
-        raise ScalingError(f"{val_file}: no conversation with a prompt before an assistant turn")
+        raise ScalingError(f"{val_file}: no conversation with a user turn to answer")
     return encode_prompts(target, prompts)

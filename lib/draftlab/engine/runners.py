@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftlab.model.target import text_config
+
 MODES = ("EAGLE3", "EAGLE")
 
 
@@ -156,7 +158,7 @@ class TargetRunner:
         default) or "final" (the target's final hidden state after its norm, as SGLang's EAGLE sends it, [L,H])."""
         self.target = target
         self.model = target.model
-        cfg = self.model.config.get_text_config()
+        cfg = text_config(self.model.config)
         self.n_layers = cfg.num_hidden_layers
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from draftlab.core.launch import set_flag
@@ -99,7 +100,7 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     good, out = Path(good), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     info = load_target_info(target)
-    h, v = info.hidden_size, info.vocab_size
+    h = info.hidden_size
     model = str(info.config_path.parent)
     cfg = json.loads((good / "config.json").read_text())
     trained = (cfg.get("draftlab") or {}).get("capture_layers") or info.default_capture
@@ -195,9 +196,8 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
     return out, "untrained (random weights), built by draftlab.model.export because notebook 04 has not run"
 
 
-def run_library(cases) -> "pandas.DataFrame":
+def run_library(cases) -> pd.DataFrame:
     """doctor on every case: did the expected finding fire, and what fix did it give."""
-    import pandas as pd
 
     rows = []
     for c in cases:

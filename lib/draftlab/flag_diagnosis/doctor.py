@@ -19,6 +19,8 @@ from draftlab.flag_diagnosis.inputs import (
     read_draft,
     read_json,
 )
+from draftlab.model.capture import default_capture
+from draftlab.model.target import text_config
 
 __all__ = ["diagnose", "mode_widths", "format_findings", "format_probe", "Finding"]
 
@@ -63,9 +65,9 @@ def mode_widths(target_config: dict, capture_layers=None) -> list:
     capture_layers: the hidden_states indices captured in EAGLE3 mode (default SGLang's [2, N//2, N-3]).
     SGLang runs the draft's fc only when the incoming width differs from H.
     """
-    cfg = target_config.get("text_config", target_config) if "hidden_size" not in target_config else target_config
+    cfg = text_config(target_config)
     h, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    layers = list(capture_layers) if capture_layers is not None else [2, n // 2, n - 3]
+    layers = list(capture_layers) if capture_layers is not None else default_capture(n)
     rows = []
     for mode, sent, width in (("EAGLE3", f"hidden_states{layers} concatenated", len(layers) * h),
                               ("EAGLE", "final hidden state only", h)):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from draftlab.model.capture import default_capture, is_deepseek
 from draftlab.model.contract import EAGLE3_ARCH
-from draftlab.model.target import TargetError, resolve_path
+from draftlab.model.target import TargetError, resolve_path, text_config
 
 SEVERITIES = ("error", "warning", "info", "ok")
 # Prefixes that training frameworks leave on names; SGLang's loader skips such names silently.
@@ -134,9 +134,7 @@ class TargetInfo:
     @property
     def text(self) -> dict:
         """The language-model part of the config (multimodal configs nest it under text_config)."""
-        if "hidden_size" not in self.config and isinstance(self.config.get("text_config"), dict):
-            return self.config["text_config"]
-        return self.config
+        return text_config(self.config)
 
     def _int(self, key):
         value = self.text.get(key)

@@ -36,6 +36,7 @@ from draftlab.model.capture import (
     is_deepseek,
     recorded_deepseek,
 )
+from draftlab.model.target import text_config
 
 
 def make_draft_config(
@@ -102,7 +103,7 @@ def draft_config_for_target(
     max_position_embeddings: int | None = None,
 ) -> LlamaConfig:
     """Draft config matching a target's (transformers) config: same H, V, heads, rope."""
-    tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    tc = text_config(target_config)
     n_layers = tc.num_hidden_layers
     heads = tc.num_attention_heads
     rope = getattr(tc, "rope_parameters", None) or {}

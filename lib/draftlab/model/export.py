@@ -14,6 +14,7 @@ import torch
 
 from draftlab.model.capture import captured_states, config_ids, recorded_deepseek
 from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
+from draftlab.model.target import target_dims
 
 CONFIG_REQUIRED = (
     "architectures", "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "draft_vocab_size",
@@ -156,7 +157,7 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
     if isinstance(heads, int) and isinstance(kvh, int) and (kvh <= 0 or heads % kvh):
         p.append(f"config.json: num_attention_heads {heads} not a multiple of num_key_value_heads {kvh}")
     if target is not None:
-        t = _target_dims(target)
+        t = target_dims(target)
         for key, tkey in (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size")):
             if t.get(tkey) is not None and config.get(key) != t[tkey]:
                 p.append(f"config.json: {key} = {config.get(key)}, target has {t[tkey]}")
@@ -197,20 +198,6 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
         else:
             p.append(f"model.safetensors: unexpected tensor {name} (SGLang skips it silently)")
     return p
-
-
-def _target_dims(target) -> dict:
-    """hidden/vocab/layers/context from a Target, a transformers config, or a dict."""
-    if isinstance(target, dict):
-        return {"hidden_size": target.get("hidden_size"), "vocab_size": target.get("vocab_size"),
-                "num_layers": target.get("num_layers", target.get("num_hidden_layers")),
-                "max_position_embeddings": target.get("max_position_embeddings")}
-    if hasattr(target, "num_layers"):
-        return {"hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-                "num_layers": target.num_layers, "max_position_embeddings": target.max_position_embeddings}
-    tc = target.get_text_config() if hasattr(target, "get_text_config") else target
-    return {"hidden_size": tc.hidden_size, "vocab_size": tc.vocab_size, "num_layers": tc.num_hidden_layers,
-            "max_position_embeddings": tc.max_position_embeddings}
 
 
 def validate(folder, target=None, allow_eagle1: bool = False) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from draftlab.model.target import text_config
+
 
 def _final_norm(model):
     """The target's final RMSNorm (Llama-like models keep it at base_model.norm)."""
@@ -38,7 +40,7 @@ def target_states(target, input_ids, attention_mask=None, layers=None, want_logi
     """
     model = target.model if hasattr(target, "model") else target
     layers = list(layers if layers is not None else target.capture_layers)
-    n = model.config.get_text_config().num_hidden_layers
+    n = text_config(model.config).num_hidden_layers
     _check_layers(layers, n)
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
@@ -77,7 +79,7 @@ def final_feature(target, last: torch.Tensor) -> torch.Tensor:
 def final_hidden(target, input_ids, attention_mask=None) -> torch.Tensor:
     """[B,T,H]: the target's final (post-norm) hidden state (EAGLE-1-style draft input)."""
     model = target.model if hasattr(target, "model") else target
-    n = model.config.get_text_config().num_hidden_layers
+    n = text_config(model.config).num_hidden_layers
     return final_feature(target, target_states(target, input_ids, attention_mask, layers=[0, 0, n - 1])[1])
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,6 +230,38 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def autocast(device):
+    """bf16 autocast on CUDA, nothing elsewhere: the one mixed-precision rule of training and evaluation.
+
+    A fresh context each call: one autocast object must not be entered twice, nested."""
+    import torch
+
+    kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+    return torch.autocast("cuda", dtype=torch.bfloat16) if kind == "cuda" else nullcontext()
+
+
+def text_config(config):
+    """The language-model part of a target config (multimodal configs nest it), transformers or dict."""
+    if isinstance(config, dict):
+        nested = config.get("text_config")
+        return nested if "hidden_size" not in config and isinstance(nested, dict) else config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def target_dims(target) -> dict:
+    """hidden_size, vocab_size, num_layers, max_position_embeddings of a Target, a transformers
+    config or a config dict: the one reader of a target's shape for export checks and the engine."""
+    cfg = text_config(target.config if isinstance(target, Target) else target)
+    if isinstance(cfg, dict):
+        get = cfg.get
+    else:
+        def get(key, default=None):
+            return getattr(cfg, key, default)
+    return {"hidden_size": get("hidden_size"), "vocab_size": get("vocab_size"),
+            "num_layers": get("num_layers", get("num_hidden_layers")),
+            "max_position_embeddings": get("max_position_embeddings")}
+
+
 def read_config(spec: str) -> dict:
     """The target's config.json as a dict, without loading weights."""
     return json.loads((resolve_path(spec) / "config.json").read_text())
@@ -250,19 +283,19 @@ class Target:
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        return target_dims(self)["num_layers"]
 
     @property
     def hidden_size(self) -> int:
-        return self.config.hidden_size
+        return target_dims(self)["hidden_size"]
 
     @property
     def vocab_size(self) -> int:
-        return self.config.vocab_size
+        return target_dims(self)["vocab_size"]
 
     @property
     def max_position_embeddings(self) -> int:
-        return self.config.max_position_embeddings
+        return target_dims(self)["max_position_embeddings"]
 
     @property
     def capture_layers(self) -> list[int]:

@@ -17,7 +17,7 @@ from torch import nn
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import OfflineHidden, precompute_hidden
-from draftlab.model.target import avoid_cudnn_attention, load_target, resolve_device
+from draftlab.model.target import autocast, avoid_cudnn_attention, load_target, resolve_device
 from draftlab.train_draft.checkpoint import (
     Logs,
     _optimizer_state,
@@ -81,11 +81,6 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         target = load_target(cfg.target, device=device)
     target.model.requires_grad_(False)
     phase_done("target")
-    use_amp = device.startswith("cuda")
-
-    def amp():
-        """A fresh bf16 autocast context on CUDA (one object must not be entered twice, nested)."""
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else nullcontext()
 
     if device.startswith("cuda"):
         avoid_cudnn_attention()  # also when the caller built the target itself
@@ -185,7 +180,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         ids, valid, loss_mask = collate(train_ds if feature_fn is feats else val_ds, indices, pad_id, cfg.pad_multiple)
         f, last = feature_fn(indices, ids, valid, device)
         ids, valid, loss_mask = ids.to(device), valid.to(device), loss_mask.to(device)
-        with amp():
+        with autocast(device):
             target_d, top, in_vocab = soft_targets(target, last.to(target.model.dtype), dids, t2d)
         pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L]: token p+1 is an assistant token
         return f, ids, valid, pred_mask, in_vocab, target_d, top
@@ -194,7 +189,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
         draft.eval()
         stats = torch.zeros(cfg.ttt_steps, 4, device=device)
         vplan = plan_epoch([len(x) for x in val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
-        with torch.no_grad(), amp(), attention_kernel(cfg.attention):
+        with torch.no_grad(), autocast(device), attention_kernel(cfg.attention):
             for b in vplan[rank::world]:
                 stats += objective(*batch_tensors(b, feats_val))[1].float()
         _all_reduce(stats)
@@ -239,7 +234,7 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
             sync = model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
             with sync, attention_kernel(cfg.attention):  # forward and backward inside one no_sync (usable once)
                 tensors = batch_tensors(b, feats)
-                with amp():
+                with autocast(device):
                     loss, stats = model(*tensors)
                 (loss / cfg.grad_accum).backward()
             step_stats += stats.float()
