@@ -17,6 +17,7 @@ from draftlab.benchmark_acceptance.live import (
     sweep_grid,
     sweep_plan,
 )
+from draftlab.core.records import write_jsonl
 from draftlab.engine import (
     MODES,
     SpecConfig,
@@ -65,7 +66,7 @@ def bench_live(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out, index=False)
-        Path(args.out).with_suffix(".windows.jsonl").write_text("".join(json.dumps(asdict(w)) + "\n" for w in windows))
+        write_jsonl(Path(args.out).with_suffix(".windows.jsonl"), (asdict(w) for w in windows))
         print(f"wrote {args.out}")
     return 0
 
@@ -122,7 +123,8 @@ def bench_specdec(args: argparse.Namespace) -> int:
                              max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket)
             rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
-        print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} D={r['num_draft_tokens']}: "
+        print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
+              f"D={r['num_draft_tokens']}: "
               f"acceptance {r['acceptance_length']:.3f}, greedy {r['greedy']['tokens_per_s']:.1f} tok/s, "
               f"spec {r['speculative']['tokens_per_s']:.1f} tok/s, speedup {r['speedup']:.3f}x "
               f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}", flush=True)
@@ -147,7 +149,8 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--num-draft-tokens", type=int, default=None)
-    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl")
+    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | "
+                                                           "file.jsonl")
     p.add_argument("--run-dir", default="results/dev")
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)

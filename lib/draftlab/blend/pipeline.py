@@ -37,6 +37,7 @@ from draftlab.blend.text import (
     dedup_text,
     split_of,
 )
+from draftlab.core.files import atomic_path, atomic_write_json
 from draftlab.core.records import read_jsonl, write_jsonl
 from draftlab.model.target import load_tokenizer
 
@@ -225,7 +226,8 @@ def resolve_tokenizer(spec: dict, target: str | None = None):
     return load_tokenizer(name)
 
 
-def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | None = None, overrides: dict | None = None,
+def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | None = None,
+          overrides: dict | None = None,
           source_overrides: dict | None = None, tokenizer=None, progress: bool = True) -> dict:
     """Run a blend spec into `out_dir`; returns the report (also written to report.json)."""
     t0 = time.perf_counter()
@@ -296,9 +298,7 @@ def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | No
     }
     report["timings_s"] = {"load": round(load_s, 3), **report["timings_s"], "write": round(write_s, 3),
                            "total": round(time.perf_counter() - t0, 3)}
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(out / "report.json")
+    atomic_write_json(out / "report.json", report, indent=2, default=str)
     return report
 
 
@@ -338,9 +338,8 @@ def write_parquet(path: Path, rows: list[dict]) -> None:
         {"id": r["id"], "source": r["source"], "split": r["meta"].get("split"), "n_tokens": r["meta"].get("n_tokens"),
          "messages": r["messages"], "meta": json.dumps(r["meta"], ensure_ascii=False)} for r in rows
     ], schema=schema)
-    tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def read_blend(out_dir: str | Path, split: str = "train") -> list[dict]:

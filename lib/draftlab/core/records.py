@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
+
+from draftlab.core.files import atomic_path
 
 ROLES = ("system", "user", "assistant")
 
@@ -47,21 +49,50 @@ def validate_conversation(row: dict, where: str = "") -> None:
             raise RecordError(f"{prefix}messages[{i}].content is {type(msg.get('content')).__name__}, not a string")
 
 
+class JsonlLine(NamedTuple):
+    """One non-blank line of a JSONL file: its row, or why it is not one."""
+
+    lineno: int  # 1-based
+    start: int  # byte offset of the line
+    row: object  # the parsed value, None when `error` is set
+    error: Exception | None  # json.JSONDecodeError or UnicodeDecodeError
+    last: bool  # nothing but blanks follows: a bad line here is a torn tail (a crash mid-write)
+    terminated: bool  # a newline ends it
+
+
+def jsonl_lines(path: str | Path) -> Iterator[JsonlLine]:
+    """Every non-blank line of a JSONL file, parsed. The one parse loop of draftlab's readers; each
+    caller decides what a bad line means (an error, a torn tail to cut or skip, a rejected row)."""
+    data = Path(path).read_bytes()
+    pos, lineno = 0, 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        stop = len(data) if end < 0 else end
+        lineno += 1
+        raw = data[pos:stop]
+        if raw.strip():
+            try:
+                row, error = json.loads(raw), None
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                row, error = None, exc
+            yield JsonlLine(lineno, pos, row, error, end < 0 or not data[end + 1:].strip(), end >= 0)
+        pos = stop + 1
+
+
+def jsonl_line(row) -> bytes:
+    """One row as one JSONL line (UTF-8, non-ASCII kept, newline-terminated): what every writer writes."""
+    return json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
 def read_jsonl(path: str | Path, skip_torn_tail: bool = True) -> Iterator[dict]:
     """Yield rows; a torn last line (a crash mid-write) is skipped, a bad line elsewhere is an error."""
-    path = Path(path)
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
-    last = len(lines) - 1
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if skip_torn_tail and lineno - 1 == last:
-                return  # no newline after it: the writer died mid-line
-            raise RecordError(f"{path}: line {lineno}: not valid JSON ({exc})") from exc
+    for line in jsonl_lines(path):
+        if line.error is None:
+            yield line.row
+        elif skip_torn_tail and not line.terminated:
+            return  # no newline after it: the writer died mid-line
+        else:
+            raise RecordError(f"{path}: line {line.lineno}: not valid JSON ({line.error})") from line.error
 
 
 def append_jsonl(path: str | Path, rows: Iterable[dict], fsync: bool = False) -> int:
@@ -71,7 +102,7 @@ def append_jsonl(path: str | Path, rows: Iterable[dict], fsync: bool = False) ->
     count = 0
     with open(path, "ab") as fh:
         for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+            fh.write(jsonl_line(row))
             fh.flush()
             count += 1
         if fsync:
@@ -81,12 +112,8 @@ def append_jsonl(path: str | Path, rows: Iterable[dict], fsync: bool = False) ->
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     """Write a whole file atomically (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    if tmp.exists():
-        tmp.unlink()
-    count = append_jsonl(tmp, rows)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        count = append_jsonl(tmp, rows)
     return count
 
 

@@ -8,7 +8,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftlab.core.records import RecordError, read_jsonl
+from draftlab.core.files import atomic_write
+from draftlab.core.records import RecordError, jsonl_line, read_jsonl
 from draftlab.model.chat_data import split_holdout
 from draftlab.train_draft import find_checkpoint
 
@@ -81,12 +82,10 @@ def prepare(run_dir, out_dir, sizes: list[int], seed: int = 0, val_samples: int 
 
 def _write_if_changed(path: Path, rows: list[dict]) -> None:
     """Rewrite only when the content differs, so token caches keyed on the file's mtime stay valid."""
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
+    data = b"".join(jsonl_line(r) for r in rows)
+    if path.is_file() and path.read_bytes() == data:
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, data)
 
 
 def recipe_from_04(run_dir, arch: str = "eagle3") -> dict | None:

@@ -9,12 +9,11 @@ adapter fails at once, naming its columns and the adapters tried.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from draftlab.core.records import ROLES, conversation_id
+from draftlab.core.records import ROLES, conversation_id, jsonl_lines
 
 # Longer than any sane training conversation; such rows are almost always scraping accidents.
 DEFAULT_MAX_CHARS = 200_000
@@ -270,21 +269,14 @@ def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict | None, str | 
 
     Unlike a strict reader this never stops the blend: one broken line costs one row.
     """
-    with open(path, "rb") as fh:
-        for index, raw in enumerate(fh):
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield index, None, f"invalid UTF-8 at byte {exc.start} of line {index + 1}"
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield index, None, f"not valid JSON on line {index + 1} ({exc.msg})"
-                continue
-            yield index, row, None
+    for line in jsonl_lines(path):
+        index, exc = line.lineno - 1, line.error
+        if isinstance(exc, UnicodeDecodeError):
+            yield index, None, f"invalid UTF-8 at byte {exc.start} of line {index + 1}"
+        elif exc is not None:
+            yield index, None, f"not valid JSON on line {index + 1} ({exc.msg})"
+        else:
+            yield index, line.row, None
 
 
 def jsonl_columns(path: str | Path, probe: int = 50) -> list[str]:

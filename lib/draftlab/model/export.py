@@ -1,7 +1,8 @@
 """Export a draft in SGLang's EAGLE-3 format, and validate an exported folder.
 
-The tensor table lives in model.contract and the capture-id rule in model.capture; `validate` `validate` reads only config.json and the safetensors header (no weights), so it
-runs on any folder in milliseconds, whatever the draft size.
+The tensor table lives in model.contract and the capture-id rule in model.capture. `validate`
+reads only config.json and the safetensors header (no weights), so it runs on any folder in
+milliseconds, whatever the draft size.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.core.files import atomic_path, atomic_write
 from draftlab.model.capture import captured_states, config_ids, recorded_deepseek
 from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
 from draftlab.model.target import target_dims
@@ -86,12 +88,10 @@ def export_draft(draft, folder, max_position_embeddings: int | None = None, dtyp
                      allow_eagle1=not draft.use_aux)
     if problems:
         raise ValueError("export would not match the EAGLE-3 contract:\n  " + "\n  ".join(problems))
-    tmp_w, tmp_c = folder / "model.safetensors.tmp", folder / "config.json.tmp"
-    save_file(tensors, str(tmp_w), metadata={"format": "pt"})
-    tmp_c.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tmp_w.chmod(0o644)  # safetensors writes 0600; a server may run as another user
-    tmp_w.replace(folder / "model.safetensors")
-    tmp_c.replace(folder / "config.json")
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.chmod(0o644)  # safetensors writes 0600; a server may run as another user
+    atomic_write(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     return folder
 
 
@@ -113,7 +113,8 @@ def read_safetensors_header(path) -> dict:
         return json.loads(f.read(n))
 
 
-def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, allow_eagle1: bool = False) -> list[str]:
+def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
+          allow_eagle1: bool = False) -> list[str]:
     """Every deviation of (config dict, {name: (shape, safetensors dtype)}) from the contract.
 
     allow_eagle1: accept use_aux_hidden_state = false (the EAGLE-1-style ablation draft, no fc)."""
@@ -149,7 +150,8 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
             if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(x, int) for x in ids)):
                 p.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids = {ids!r}, expected 3 ints")
             elif ids != sorted(ids) or len(set(ids)) != 3:
-                p.append(f"config.json: eagle_aux_hidden_state_layer_ids {ids} not strictly increasing (low, mid, high)")
+                p.append(f"config.json: eagle_aux_hidden_state_layer_ids {ids} not strictly increasing (low, mid, "
+                         "high)")
     dvs, vs = config.get("draft_vocab_size"), config.get("vocab_size")
     if isinstance(dvs, int) and isinstance(vs, int) and not 0 < dvs <= vs:
         p.append(f"config.json: draft_vocab_size {dvs} not in 1..vocab_size {vs}")
@@ -161,7 +163,8 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None, 
         for key, tkey in (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size")):
             if t.get(tkey) is not None and config.get(key) != t[tkey]:
                 p.append(f"config.json: {key} = {config.get(key)}, target has {t[tkey]}")
-        if t.get("max_position_embeddings") and (config.get("max_position_embeddings") or 0) < t["max_position_embeddings"]:
+        target_context = t.get("max_position_embeddings")
+        if target_context and (config.get("max_position_embeddings") or 0) < target_context:
             p.append(f"config.json: max_position_embeddings {config.get('max_position_embeddings')} < target's "
                      f"{t['max_position_embeddings']} (SGLang refuses to start without "
                      "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")

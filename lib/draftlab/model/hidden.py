@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from draftlab.core.files import atomic_path, atomic_write_json
 from draftlab.model.target import text_config
 
 
@@ -148,7 +149,9 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
     index_path = out / "index.json"
     if index_path.is_file():
         old = json.loads(index_path.read_text())
-        same = all(old.get(k) == meta[k] for k in ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target"))
+        same = all(
+            old.get(k) == meta[k] for k in ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target")
+        )
         if same:
             meta["shards"] = old["shards"]
         else:
@@ -187,12 +190,10 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
             tensors = {"last": torch.cat(buf_last)}
             if store_aux:
                 tensors["aux"] = torch.cat(buf_aux)
-            save_file(tensors, str(out / (name + ".tmp")))
-            (out / (name + ".tmp")).replace(out / name)
+            with atomic_path(out / name) as tmp:
+                save_file(tensors, str(tmp))
             meta["shards"].append({"file": name, "start": start, "end": i})
-            tmp = index_path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(meta))
-            tmp.replace(index_path)
+            atomic_write_json(index_path, meta)
             start, buf_aux, buf_last, buf_tok = i, [], [], 0
     bar.close()
     return OfflineHidden(out, dataset)

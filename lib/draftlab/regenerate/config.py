@@ -6,12 +6,11 @@ answers again, so a resumed run replays the same plan.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from draftlab.core.records import RecordError, validate_conversation
+from draftlab.core.records import RecordError, jsonl_lines, validate_conversation
 
 SYSTEM_POLICIES = ("keep", "drop", "set")
 TRUNCATION_POLICIES = ("drop", "keep_flag")
@@ -78,28 +77,23 @@ def load_conversations(path: str | os.PathLike, limit: int = 0) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: input not found")
     rows, seen = [], {}
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}: line {lineno}"
-            try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise RecordError(f"{where}: not valid JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise RecordError(f"{where}: a row must be a JSON object")
-            validate_conversation(row, where)
-            if not isinstance(row["id"], str) or not row["id"]:
-                raise RecordError(f"{where}: field 'id' must be a non-empty string")
-            if not any(m["role"] == "user" for m in row["messages"]):
-                raise RecordError(f"{where}: field 'messages' has no user turn to answer")
-            if row["id"] in seen:
-                raise RecordError(f"{where}: duplicate id {row['id']!r} (first on line {seen[row['id']]})")
-            seen[row["id"]] = lineno
-            rows.append(row)
-            if limit and len(rows) >= limit:
-                break
+    for line in jsonl_lines(path):
+        lineno, row, where = line.lineno, line.row, f"{path}: line {line.lineno}"
+        if line.error is not None:
+            raise RecordError(f"{where}: not valid JSON ({line.error})") from line.error
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: a row must be a JSON object")
+        validate_conversation(row, where)
+        if not isinstance(row["id"], str) or not row["id"]:
+            raise RecordError(f"{where}: field 'id' must be a non-empty string")
+        if not any(m["role"] == "user" for m in row["messages"]):
+            raise RecordError(f"{where}: field 'messages' has no user turn to answer")
+        if row["id"] in seen:
+            raise RecordError(f"{where}: duplicate id {row['id']!r} (first on line {seen[row['id']]})")
+        seen[row["id"]] = lineno
+        rows.append(row)
+        if limit and len(rows) >= limit:
+            break
     return rows
 
 

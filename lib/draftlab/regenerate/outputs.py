@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftlab.core.records import RecordError
+from draftlab.core.files import atomic_write_json
+from draftlab.core.records import RecordError, jsonl_line, jsonl_lines, write_jsonl
 from draftlab.regenerate.config import RegenConfig
 
 # ------------------------------------------------------------------ output files
@@ -30,8 +31,7 @@ class JsonlAppender:
         self.rows = 0
 
     def write(self, row: dict) -> None:
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-        view = memoryview(data)
+        view = memoryview(jsonl_line(row))
         while view:
             view = view[os.write(self.fd, view):]
         if self.fsync:
@@ -46,27 +46,18 @@ class JsonlAppender:
 
 def repair_jsonl(path: Path) -> list[dict]:
     """Read a JSONL file, cutting a torn last line off the file; a bad line elsewhere is an error."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    rows, pos = [], 0
-    while pos < len(data):
-        end = data.find(b"\n", pos)
-        line = data[pos:] if end < 0 else data[pos:end]
-        try:
-            if line.strip():
-                rows.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if end < 0 or data[end + 1:].strip() == b"":
+    rows = []
+    for line in jsonl_lines(path):
+        if line.error is not None:
+            if line.last:
                 with open(path, "r+b") as fh:  # torn tail: cut it so the file is all valid lines
-                    fh.truncate(pos)
+                    fh.truncate(line.start)
                 return rows
-            lineno = data[:pos].count(b"\n") + 1
-            raise RecordError(f"{path}: line {lineno}: not valid JSON ({exc})") from exc
-        if end < 0:  # a whole row without its newline: complete the line
+            raise RecordError(f"{path}: line {line.lineno}: not valid JSON ({line.error})") from line.error
+        rows.append(line.row)
+        if not line.terminated:  # a whole row without its newline: complete the line
             with open(path, "ab") as fh:
                 fh.write(b"\n")
-            break
-        pos = end + 1
     return rows
 
 
@@ -109,14 +100,7 @@ def scan_work(work: str | os.PathLike, repair: bool = True) -> WorkState:
 
 def _read_lenient(path: Path) -> list[dict]:
     """Read-only variant for observers (the monitor): skip a torn last line, never write."""
-    rows = []
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                rows.append(json.loads(raw))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-    return rows
+    return [line.row for line in jsonl_lines(path) if line.error is None]
 
 
 class Outputs:
@@ -210,24 +194,14 @@ def write_manifest(work: Path, input_path: str, total: int, config: RegenConfig,
     manifest.update(input=str(input_path), total=total, config=asdict(config))
     manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers,
                              "pid": os.getpid()})
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(path)
+    atomic_write_json(path, manifest, indent=1)
 
 
 def finalize(work: str | os.PathLike, output: str | os.PathLike, rows: list[dict]) -> dict:
     """Write the training file: finished rows in the input's order (atomic replace). Counts back."""
     work, output = Path(work), Path(output)
     state = scan_work(work)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(output.suffix + ".tmp")
-    kept = 0
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for row in rows:
-            if row["id"] in state.done:
-                fh.write(json.dumps(state.done[row["id"]], ensure_ascii=False) + "\n")
-                kept += 1
-    tmp.replace(output)
+    kept = write_jsonl(output, (state.done[row["id"]] for row in rows if row["id"] in state.done))
     ids = {r["id"] for r in rows}
     errors = {i for i in state.errors if i in ids and i not in state.finished}
     return {"rows_in": len(rows), "rows_kept": kept,

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_root
 from draftlab.model.target import resolve_device
 
@@ -131,9 +132,7 @@ def merge_metrics(run_dir: Path, key: str, value: dict) -> Path:
     path = Path(run_dir) / "metrics.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data[key] = value
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_jsonable))
-    tmp.replace(path)
+    atomic_write_json(path, data, indent=2, sort_keys=True, default=_jsonable)
     return path
 
 

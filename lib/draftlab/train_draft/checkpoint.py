@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
+from safetensors.torch import save_file
 
 from draftlab.core.acceptance import simulated_acceptance
+from draftlab.core.files import atomic_path
 from draftlab.model.draft import Eagle3Draft, config_from_dict
 from draftlab.model.target import load_target
 from draftlab.train_draft.config import TrainConfig
@@ -51,12 +53,18 @@ def _optimizer_state(tensors: dict, rest: dict) -> dict:
 
 def save_checkpoint(out_dir: Path, step: int, draft, opt, sched, cfg: TrainConfig, extra: dict) -> Path:
     """ckpt-NNNNNNN/: draft.safetensors, optimizer.safetensors (+ RNG), state.json; atomic rename."""
-    from safetensors.torch import save_file
 
     final = out_dir / f"ckpt-{step:07d}"
-    tmp = out_dir / f".ckpt-{step:07d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    with atomic_path(final, prefix=".") as tmp:
+        _write_checkpoint(tmp, step, draft, opt, sched, cfg, extra)
+    (out_dir / "latest").write_text(final.name + "\n")
+    ckpts = sorted(out_dir.glob("ckpt-*"))
+    for old in ckpts[: max(0, len(ckpts) - cfg.keep_checkpoints)]:
+        shutil.rmtree(old)
+    return final
+
+
+def _write_checkpoint(tmp: Path, step: int, draft, opt, sched, cfg: TrainConfig, extra: dict) -> None:
     tmp.mkdir(parents=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}, str(tmp / "draft.safetensors"))
     opt_t, opt_rest = _optimizer_tensors(opt)
@@ -68,14 +76,6 @@ def save_checkpoint(out_dir: Path, step: int, draft, opt, sched, cfg: TrainConfi
              "optimizer": opt_rest, "scheduler": sched.state_dict(),
              "python_random": _jsonable(random.getstate()), **extra}
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    (out_dir / "latest").write_text(final.name + "\n")
-    ckpts = sorted(out_dir.glob("ckpt-*"))
-    for old in ckpts[: max(0, len(ckpts) - cfg.keep_checkpoints)]:
-        shutil.rmtree(old)
-    return final
 
 
 def _jsonable(x):
