@@ -191,108 +191,117 @@ class SpecEngine:
     # ---- speculative
     @torch.inference_mode()
     def speculative(self, prompt_ids: list[int]) -> PromptResult:
+        """Speculative decoding of one prompt: chain drafting when topk is 1, a tree otherwise."""
         if self.draft_runner is None:
             raise ValueError("speculative decoding needs a draft")
         self._check_len(len(prompt_ids))
-        if self.cfg.topk == 1:
-            return self._chain(prompt_ids)
-        return self._tree(prompt_ids)
+        return self._decode(prompt_ids, _ChainCycle if self.cfg.topk == 1 else _TreeCycle)
 
-    def _chain(self, prompt_ids: list[int]) -> PromptResult:
-        """Chain drafting: S draft tokens per cycle, one verify of S + 1 tokens."""
-        s_steps, limit, dev = self.cfg.num_steps, self.cfg.max_new_tokens, self.device
-        graphs = self.use_graphs
+    def _decode(self, prompt_ids: list[int], cycle_kind) -> PromptResult:
+        """The cycle shared by chain and tree: prefill, then verify -> accept -> emit -> commit until done.
+
+        The cycle kind builds the verify block from what was drafted, walks the accepted path and
+        re-extends the draft; everything else (timing, stop rules, positions, counts) is here once.
+        """
+        limit, dev = self.cfg.max_new_tokens, self.device
         t0 = time.perf_counter()
-        n = len(prompt_ids)
+        m = len(prompt_ids)  # position of the root (the last emitted token, not yet in the target cache)
         root, feats = self._prefill(prompt_ids)
         drafted = self._draft_prefill(prompt_ids, root, feats)
         _sync(dev)
         t1 = time.perf_counter()
         res = PromptResult(tokens=[root], prefill_s=t1 - t0)
-        m = n  # position of the root (the last emitted token, not yet in the target cache)
-        verify_anc = self._tril(s_steps + 1)
-        v_ids = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
-        v_pos = torch.empty(1, s_steps + 1, dtype=torch.long, device=dev)
+        cycle = cycle_kind(self)
         base = self._t([m])
-        offsets = torch.arange(s_steps + 1, device=dev)
         done = root in self.eos or limit <= 1
         while not done:
-            v_ids[0, 0] = root
-            v_ids[0, 1:] = drafted
             base.fill_(m)
-            torch.add(offsets, base, out=v_pos[0])
-            greedy, vfeats = self.runner.step(v_ids, v_pos, base, verify_anc, graph=graphs)
-            both = torch.cat([greedy, drafted]).tolist()  # the one host sync of the cycle
-            g, d = both[: s_steps + 1], both[s_steps + 1:]
-            a = 0
-            while a < s_steps and d[a] == g[a]:
-                a += 1
+            candidates, a, state = cycle.verify(root, drafted, base, m)
             res.verify_steps += 1
             res.accepted.append(a)
-            emitted, done = _stop_at(g[: a + 1], self.eos, limit - len(res.tokens))
+            emitted, done = _stop_at(candidates, self.eos, limit - len(res.tokens))
             res.tokens += emitted
             if done:
                 break
-            # commit: target slots m..m+a hold root, d_1..d_a; the draft re-extends them with
-            # the target's features (ids = tokens m+1..m+a+1 = g[0..a]).
-            self.draft_runner.cache.length = m
-            drafted = self.draft_runner.chain(greedy[None, : a + 1], vfeats[None, : a + 1], base,
-                                              self._tril(a + 1), graph=graphs)
-            root = g[a]
+            drafted = cycle.commit(state, a, base, m)
+            root = candidates[-1]  # the target's own token after the accepted ones
             m += a + 1
         _sync(dev)
         res.decode_s = time.perf_counter() - t1
         return res
 
-    def _tree(self, prompt_ids: list[int]) -> PromptResult:
-        """Tree drafting (topk K, S steps, D verified tokens): one draft and one verify pass a cycle."""
-        d, limit, dev = self.cfg.num_draft_tokens, self.cfg.max_new_tokens, self.device
-        graphs = self.use_graphs
-        t0 = time.perf_counter()
-        n = len(prompt_ids)
-        root, feats = self._prefill(prompt_ids)
-        tree = self._draft_prefill(prompt_ids, root, feats)
-        _sync(dev)
-        t1 = time.perf_counter()
-        res = PromptResult(tokens=[root], prefill_s=t1 - t0)
-        m = n
-        v_ids = torch.empty(1, d, dtype=torch.long, device=dev)
-        v_pos = torch.empty(1, d, dtype=torch.long, device=dev)
-        base = self._t([m])
-        done = root in self.eos or limit <= 1
-        while not done:
-            tokens_t, depths_t, parents_t, anc = tree
-            v_ids[0, 0] = root
-            v_ids[0, 1:] = tokens_t
-            base.fill_(m)
-            v_pos[0, 0] = m
-            torch.add(depths_t, base, out=v_pos[0, 1:])
-            greedy, vfeats = self.runner.step(v_ids, v_pos, base, anc, graph=graphs)
-            both = torch.cat([greedy, v_ids[0], parents_t]).tolist()  # the one host sync of the cycle
-            g, tokens, parent = both[:d], both[d:2 * d], both[2 * d:]
-            # walk: follow the child whose token equals the target's choice at the current node
-            path, cur = [0], 0
-            while True:
-                nxt = [i for i in range(1, d) if parent[i] == cur and tokens[i] == g[cur]]
-                if not nxt:
-                    break
-                cur = nxt[0]
-                path.append(cur)
-            a = len(path) - 1
-            res.verify_steps += 1
-            res.accepted.append(a)
-            emitted, done = _stop_at([tokens[i] for i in path[1:]] + [g[cur]], self.eos, limit - len(res.tokens))
-            res.tokens += emitted
-            if done:
+
+class _ChainCycle:
+    """Chain drafting: S draft tokens per cycle, one verify of S + 1 tokens."""
+
+    def __init__(self, engine: SpecEngine):
+        s, dev = engine.cfg.num_steps, engine.device
+        self.engine, self.s = engine, s
+        self.anc = engine._tril(s + 1)
+        self.v_ids = torch.empty(1, s + 1, dtype=torch.long, device=dev)
+        self.v_pos = torch.empty(1, s + 1, dtype=torch.long, device=dev)
+        self.offsets = torch.arange(s + 1, device=dev)
+
+    def verify(self, root: int, drafted, base, m: int):
+        """(the target's tokens to emit, accepted count, what commit needs)."""
+        s = self.s
+        self.v_ids[0, 0] = root
+        self.v_ids[0, 1:] = drafted
+        torch.add(self.offsets, base, out=self.v_pos[0])
+        greedy, vfeats = self.engine.runner.step(self.v_ids, self.v_pos, base, self.anc, graph=self.engine.use_graphs)
+        both = torch.cat([greedy, drafted]).tolist()  # the one host sync of the cycle
+        g, d = both[: s + 1], both[s + 1:]
+        a = 0
+        while a < s and d[a] == g[a]:
+            a += 1
+        return g[: a + 1], a, (greedy, vfeats)
+
+    def commit(self, state, a: int, base, m: int):
+        """Target slots m..m+a hold root, d_1..d_a; the draft re-extends them with the target's
+        features (ids = tokens m+1..m+a+1 = g[0..a]) and drafts the next chain."""
+        greedy, vfeats = state
+        engine = self.engine
+        engine.draft_runner.cache.length = m
+        return engine.draft_runner.chain(greedy[None, : a + 1], vfeats[None, : a + 1], base, engine._tril(a + 1),
+                                         graph=engine.use_graphs)
+
+
+class _TreeCycle:
+    """Tree drafting (topk K, S steps, D verified tokens): one draft and one verify pass a cycle."""
+
+    def __init__(self, engine: SpecEngine):
+        d, dev = engine.cfg.num_draft_tokens, engine.device
+        self.engine, self.d = engine, d
+        self.v_ids = torch.empty(1, d, dtype=torch.long, device=dev)
+        self.v_pos = torch.empty(1, d, dtype=torch.long, device=dev)
+
+    def verify(self, root: int, tree, base, m: int):
+        d = self.d
+        tokens_t, depths_t, parents_t, anc = tree
+        self.v_ids[0, 0] = root
+        self.v_ids[0, 1:] = tokens_t
+        self.v_pos[0, 0] = m
+        torch.add(depths_t, base, out=self.v_pos[0, 1:])
+        greedy, vfeats = self.engine.runner.step(self.v_ids, self.v_pos, base, anc, graph=self.engine.use_graphs)
+        both = torch.cat([greedy, self.v_ids[0], parents_t]).tolist()  # the one host sync of the cycle
+        g, tokens, parent = both[:d], both[d:2 * d], both[2 * d:]
+        # walk: follow the child whose token equals the target's choice at the current node
+        path, cur = [0], 0
+        while True:
+            nxt = [i for i in range(1, d) if parent[i] == cur and tokens[i] == g[cur]]
+            if not nxt:
                 break
-            if path != list(range(a + 1)):  # compact the accepted path's KV to slots m..m+a
-                self.runner.cache.move([m + i for i in path], [m + j for j in range(a + 1)])
-            idx = self._t(path)
-            # the draft re-extends over tokens m+1..m+a+1 with the target's features of m..m+a
-            tree = self.draft_runner.grow(greedy.index_select(0, idx)[None], vfeats.index_select(0, idx)[None], base,
-                                          self._tril(a + 1), graph=graphs)
-            root = g[cur]
-            m += a + 1
-        _sync(dev)
-        res.decode_s = time.perf_counter() - t1
-        return res
+            cur = nxt[0]
+            path.append(cur)
+        return [tokens[i] for i in path[1:]] + [g[cur]], len(path) - 1, (greedy, vfeats, path)
+
+    def commit(self, state, a: int, base, m: int):
+        """Compact the accepted path's KV to slots m..m+a; the draft re-extends over tokens
+        m+1..m+a+1 with the target's features of m..m+a and grows the next tree."""
+        greedy, vfeats, path = state
+        engine = self.engine
+        if path != list(range(a + 1)):
+            engine.runner.cache.move([m + i for i in path], [m + j for j in range(a + 1)])
+        idx = engine._t(path)
+        return engine.draft_runner.grow(greedy.index_select(0, idx)[None], vfeats.index_select(0, idx)[None], base,
+                                        engine._tril(a + 1), graph=engine.use_graphs)
