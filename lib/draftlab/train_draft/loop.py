@@ -1,4 +1,10 @@
-"""The training run: set-up (target, data, vocabulary, draft), the step loop, validation and resume."""
+"""The training run: set-up (target, data, vocabulary, draft), the step loop, validation and resume.
+
+`train` runs a TrainingRun, whose named phases are its methods, in order: check, device, target,
+data, draft (vocabulary + model), hidden (offline states), optimizer (+ schedule and resume),
+then the step loop with its evaluations and checkpoints. State lives on the object, so each
+phase reads what the earlier ones set and nothing is shared through closures.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,10 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
 
+from draftlab.core.files import atomic_write_json
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import OfflineHidden, precompute_hidden
@@ -48,237 +57,306 @@ def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
 
     Under torchrun every rank calls this; rank 0 writes logs and checkpoints.
     """
-    phases, mark = {}, [time.time()]  # set-up seconds by phase (printed with their sum): where a slow start goes
+    return TrainingRun(cfg, resume, target).run()
 
-    def phase_done(name: str) -> None:
-        phases[name], mark[0] = time.time() - mark[0], time.time()
 
-    if cfg.arch not in ("eagle3", "eagle1"):
-        raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
-    if cfg.hidden not in ("online", "offline"):
-        raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
-    if cfg.attention not in ATTENTION_KERNELS:
-        raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
-    world, rank, local_rank = dist_info()
-    device = resolve_device(cfg.device)
-    if world > 1:
-        import torch.distributed as dist
+class TrainingRun:
+    """One call of `train`. Set-up seconds are kept by phase (printed with their sum): where a slow start goes."""
 
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
-    if not device.startswith("cuda"):
-        torch.set_num_threads(max(1, cfg.threads))
-    is_main = rank == 0
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    def __init__(self, cfg: TrainConfig, resume: bool = False, target=None):
+        self.cfg, self.resume, self.target = cfg, resume, target
+        self.phases: dict[str, float] = {}
+        self._mark = time.time()
 
-    if target is None:
-        target = load_target(cfg.target, device=device)
-    target.model.requires_grad_(False)
-    phase_done("target")
+    def run(self) -> dict:
+        self.check()
+        self.setup_device()
+        self.load_target()
+        self.load_data()
+        self.build_draft()
+        self.hidden_states()
+        self.build_optimizer()
+        self.restore()
+        self._phase_done("rest")
+        self.report_setup()
+        self.loop()
+        return self.finish()
 
-    if device.startswith("cuda"):
-        avoid_cudnn_attention()  # also when the caller built the target itself
+    def _phase_done(self, name: str) -> None:
+        self.phases[name], self._mark = time.time() - self._mark, time.time()
 
-    # data (rank 0 tokenises and caches first, the others read the cache)
-    cache = out_dir.parent / "tokens"
-    if world > 1 and not is_main:
-        torch.distributed.barrier()
-    lim = cfg.max_train_samples or None
-    train_ds, train_stats = load_tokenized(cfg.train_file, target.tokenizer, cfg.max_len, cfg.overlong, cache, lim)
-    val_ds, val_stats = (load_tokenized(cfg.val_file, target.tokenizer, cfg.max_len, cfg.overlong, cache,
-                                        cfg.max_val_samples or None) if cfg.val_file else (None, None))
-    if world > 1 and is_main:
-        torch.distributed.barrier()
-    phase_done("data")
+    # ---- set-up phases
+    def check(self) -> None:
+        cfg = self.cfg
+        if cfg.arch not in ("eagle3", "eagle1"):
+            raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
+        if cfg.hidden not in ("online", "offline"):
+            raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
+        if cfg.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
 
-    # draft vocabulary and model
-    counts = token_counts(train_ds, target.vocab_size)
-    draft_ids = build_draft_vocab(counts, cfg.draft_vocab_size)
-    layers = list(cfg.capture_layers) or target.capture_layers
-    dcfg = draft_config_for_target(target.config, draft_vocab_size=cfg.draft_vocab_size, capture_layers=layers,
-                                   intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3")
-    draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
-    draft.set_vocab(draft_ids)
-    if cfg.init_from_target:
-        with torch.no_grad():
-            draft.lm_head.weight.copy_(target.model.get_output_embeddings().weight[draft_ids.to(target.device)].float().cpu())
-            draft.norm.weight.copy_(target.model.base_model.norm.weight.float().cpu())
-    draft.to(device)
-    if is_main:
-        save_vocab(out_dir / "vocab.json", draft_ids, counts)
-    phase_done("vocab+draft")
+    def setup_device(self) -> None:
+        cfg = self.cfg
+        self.world, self.rank, local_rank = dist_info()
+        self.local_rank = local_rank
+        device = resolve_device(cfg.device)
+        if self.world > 1:
+            import torch.distributed as dist
 
-    # hidden states
-    offline = offline_val = None
-    use_aux = cfg.arch == "eagle3"
-    if cfg.hidden == "offline":
-        hdtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(
-            cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
-        hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else out_dir.parent / "hidden"
-        shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
-        if is_main:
-            precompute_hidden(target, train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype,
-                              batch_tokens=cfg.batch_tokens, shard_tokens=shard)
-            if val_ds is not None:
-                precompute_hidden(target, val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype,
-                                  batch_tokens=cfg.batch_tokens, shard_tokens=shard)
-        if world > 1:
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+            if device.startswith("cuda"):
+                device = f"cuda:{local_rank}"
+                torch.cuda.set_device(device)
+        if not device.startswith("cuda"):
+            torch.set_num_threads(max(1, cfg.threads))
+        self.device, self.is_main = device, self.rank == 0
+        self.out_dir = Path(cfg.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+    def load_target(self) -> None:
+        if self.target is None:
+            self.target = load_target(self.cfg.target, device=self.device)
+        self.target.model.requires_grad_(False)
+        self._phase_done("target")
+        if self.device.startswith("cuda"):
+            avoid_cudnn_attention()  # also when the caller built the target itself
+
+    def load_data(self) -> None:
+        """Rank 0 tokenises and caches first, the others read the cache."""
+        cfg, target = self.cfg, self.target
+        cache = self.out_dir.parent / "tokens"
+        if self.world > 1 and not self.is_main:
             torch.distributed.barrier()
-        offline = OfflineHidden(hdir / "train", train_ds)
-        offline_val = OfflineHidden(hdir / "val", val_ds) if val_ds is not None else None
-        if offline.layers != layers:
-            raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
-    phase_done("hidden")
-    feats = Features(target, layers, use_aux, offline)
-    feats_val = Features(target, layers, use_aux, offline_val)
+        lim = cfg.max_train_samples or None
+        self.train_ds, self.train_stats = load_tokenized(cfg.train_file, target.tokenizer, cfg.max_len, cfg.overlong,
+                                                         cache, lim)
+        self.val_ds, self.val_stats = (load_tokenized(cfg.val_file, target.tokenizer, cfg.max_len, cfg.overlong,
+                                                      cache, cfg.max_val_samples or None)
+                                       if cfg.val_file else (None, None))
+        if self.world > 1 and self.is_main:
+            torch.distributed.barrier()
+        self.lengths = [len(x) for x in self.train_ds["input_ids"]]
+        self._phase_done("data")
 
-    objective = TTTObjective(draft, cfg.ttt_steps, cfg.step_decay)
-    model = objective
-    if world > 1:
-        # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[local_rank] if device.startswith("cuda") else None,
-                                                    broadcast_buffers=False)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    def build_draft(self) -> None:
+        """The draft vocabulary (most frequent loss-masked tokens) and the draft model."""
+        cfg, target = self.cfg, self.target
+        self.counts = token_counts(self.train_ds, target.vocab_size)
+        self.draft_ids = build_draft_vocab(self.counts, cfg.draft_vocab_size)
+        self.layers = list(cfg.capture_layers) or target.capture_layers
+        dcfg = draft_config_for_target(target.config, draft_vocab_size=cfg.draft_vocab_size, capture_layers=self.layers,
+                                       intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3")
+        draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
+        draft.set_vocab(self.draft_ids)
+        if cfg.init_from_target:
+            with torch.no_grad():
+                head = target.model.get_output_embeddings().weight[self.draft_ids.to(target.device)]
+                draft.lm_head.weight.copy_(head.float().cpu())
+                draft.norm.weight.copy_(target.model.base_model.norm.weight.float().cpu())
+        draft.to(self.device)
+        if self.is_main:
+            save_vocab(self.out_dir / "vocab.json", self.draft_ids, self.counts)
+        self.draft = draft
+        self._phase_done("vocab+draft")
 
-    per_step = world * cfg.grad_accum
-    lengths = [len(x) for x in train_ds["input_ids"]]
-    plans = epoch_plans(lengths, cfg, per_step)
-    total_steps = sum(s for _, _, s in plans)
-    if total_steps == 0:
-        raise ValueError(f"{cfg.train_file}: {len(lengths)} samples give no full step of {per_step} batches; "
-                         "lower batch_tokens or add data")
-    from transformers import get_cosine_schedule_with_warmup
+    def hidden_states(self) -> None:
+        """Offline: the target's states for every conversation, precomputed once into shards."""
+        cfg, target, layers = self.cfg, self.target, self.layers
+        offline = offline_val = None
+        use_aux = cfg.arch == "eagle3"
+        if cfg.hidden == "offline":
+            hdtype = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32}.get(
+                cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
+            hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else self.out_dir.parent / "hidden"
+            shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
+            if self.is_main:
+                precompute_hidden(target, self.train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype,
+                                  batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+                if self.val_ds is not None:
+                    precompute_hidden(target, self.val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype,
+                                      batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+            if self.world > 1:
+                torch.distributed.barrier()
+            offline = OfflineHidden(hdir / "train", self.train_ds)
+            offline_val = OfflineHidden(hdir / "val", self.val_ds) if self.val_ds is not None else None
+            if offline.layers != layers:
+                raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
+        self._phase_done("hidden")
+        self.feats = Features(target, layers, use_aux, offline)
+        self.feats_val = Features(target, layers, use_aux, offline_val)
 
-    sched = get_cosine_schedule_with_warmup(opt, max(1, round(cfg.warmup_ratio * total_steps)), total_steps)
+    def build_optimizer(self) -> None:
+        """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
+        cfg = self.cfg
+        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay)
+        self.model = self.objective
+        if self.world > 1:
+            # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
+            self.model = nn.parallel.DistributedDataParallel(
+                self.objective, device_ids=[self.local_rank] if self.device.startswith("cuda") else None,
+                broadcast_buffers=False,
+            )
+        self.params = [p for p in self.draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.per_step = self.world * cfg.grad_accum
+        self.plans = epoch_plans(self.lengths, cfg, self.per_step)
+        self.total_steps = sum(s for _, _, s in self.plans)
+        if self.total_steps == 0:
+            raise ValueError(f"{cfg.train_file}: {len(self.lengths)} samples give no full step of {self.per_step} "
+                             "batches; lower batch_tokens or add data")
+        self.sched = get_cosine_schedule_with_warmup(self.opt, max(1, round(cfg.warmup_ratio * self.total_steps)),
+                                                     self.total_steps)
+        # step -> (epoch, its epoch's plan, index of its first batch within the epoch)
+        self.where = [(e, plan, j) for e, plan, steps in self.plans for j in range(steps)]
 
-    step = 0
-    prior_s = 0.0  # training seconds of the calls before a resume (each checkpoint records its total)
-    if resume:
+    def restore(self) -> None:
+        """Resume: the latest checkpoint of out_dir, if its recipe is this one; training seconds carried on."""
+        self.step, self.prior_s = 0, 0.0
+        if not self.resume:
+            return
         try:
-            ck = find_checkpoint(out_dir)
+            ck = find_checkpoint(self.out_dir)
         except FileNotFoundError:
-            ck = None
-        if ck is not None:
-            _check_same_recipe(ck, cfg)
-            step = _restore(ck, draft, opt, sched, device)
-            prior_s = float(json.loads((ck / "state.json").read_text()).get("train_elapsed_s", 0.0))
-            if is_main:
-                print(f"resumed from {ck} at step {step}/{total_steps}", flush=True)
-    logs = Logs(out_dir, step) if is_main else None
-    pad_id = target.tokenizer.pad_token_id or 0
-    t2d = draft.t2d
-    dids = draft.draft_ids()
+            return
+        _check_same_recipe(ck, self.cfg)
+        self.step = _restore(ck, self.draft, self.opt, self.sched, self.device)
+        self.prior_s = float(json.loads((ck / "state.json").read_text()).get("train_elapsed_s", 0.0))
+        if self.is_main:
+            print(f"resumed from {ck} at step {self.step}/{self.total_steps}", flush=True)
 
-    def batch_tensors(indices, feature_fn):
-        ids, valid, loss_mask = collate(train_ds if feature_fn is feats else val_ds, indices, pad_id, cfg.pad_multiple)
-        f, last = feature_fn(indices, ids, valid, device)
-        ids, valid, loss_mask = ids.to(device), valid.to(device), loss_mask.to(device)
-        with autocast(device):
-            target_d, top, in_vocab = soft_targets(target, last.to(target.model.dtype), dids, t2d)
+    def report_setup(self) -> None:
+        if not self.is_main:
+            return
+        cfg, n_params = self.cfg, sum(p.numel() for p in self.params)
+        print(
+            f"train {cfg.arch}: {len(self.lengths)} conversations ({self.train_stats}), {sum(self.lengths):,} tokens, "
+            f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(self.counts, self.draft_ids):.3f}, "
+            f"{self.total_steps} steps x {self.per_step} micro-batches, world {self.world}, device {self.device}; "
+            f"set-up {sum(self.phases.values()):.1f} s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in self.phases.items())})",
+            flush=True,
+        )
+
+    # ---- the step loop
+    def batch_tensors(self, indices, feature_fn):
+        """One micro-batch: features, ids, masks and the target's soft labels over the draft vocabulary."""
+        data = self.train_ds if feature_fn is self.feats else self.val_ds
+        ids, valid, loss_mask = collate(data, indices, self.target.tokenizer.pad_token_id or 0, self.cfg.pad_multiple)
+        f, last = feature_fn(indices, ids, valid, self.device)
+        ids, valid, loss_mask = ids.to(self.device), valid.to(self.device), loss_mask.to(self.device)
+        with autocast(self.device):
+            target_d, top, in_vocab = soft_targets(self.target, last.to(self.target.model.dtype), self.dids,
+                                                   self.t2d)
         pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L]: token p+1 is an assistant token
         return f, ids, valid, pred_mask, in_vocab, target_d, top
 
-    def evaluate() -> dict:
+    def evaluate(self) -> dict:
+        cfg, draft = self.cfg, self.draft
         draft.eval()
-        stats = torch.zeros(cfg.ttt_steps, 4, device=device)
-        vplan = plan_epoch([len(x) for x in val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
-        with torch.no_grad(), autocast(device), attention_kernel(cfg.attention):
-            for b in vplan[rank::world]:
-                stats += objective(*batch_tensors(b, feats_val))[1].float()
+        stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
+        vplan = plan_epoch([len(x) for x in self.val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
+        with torch.no_grad(), autocast(self.device), attention_kernel(cfg.attention):
+            for b in vplan[self.rank::self.world]:
+                stats += self.objective(*self.batch_tensors(b, self.feats_val))[1].float()
         _all_reduce(stats)
         draft.train()
         return summarize(stats.cpu(), cfg.step_decay)
 
-    # step -> (epoch, index of its first batch within the epoch)
-    where = []
-    for e, plan, steps in plans:
-        where += [(e, plan, j) for j in range(steps)]
-    phase_done("rest")
-    if is_main:
-        n_params = sum(p.numel() for p in params)
-        print(f"train {cfg.arch}: {len(lengths)} conversations ({train_stats}), {sum(lengths):,} tokens, "
-              f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(counts, draft_ids):.3f}, "
-              f"{total_steps} steps x {per_step} micro-batches, world {world}, device {device}; "
-              f"set-up {sum(phases.values()):.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in phases.items())})", flush=True)
-    from tqdm.auto import tqdm
-
-    draft.train()
-    bar = tqdm(total=total_steps, initial=step, unit="step", desc=f"train {cfg.arch}", disable=not is_main)
-    t0, tok_seen, window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
-    last_eval, started = None, step
-
-    def where_now(epoch, j) -> dict:
+    def where_now(self, epoch, j) -> dict:
         """What a checkpoint records besides the tensors: data position and training seconds so far."""
-        return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": total_steps,
-                "train_elapsed_s": prior_s + time.time() - t0}
+        return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": self.total_steps,
+                "train_elapsed_s": self.prior_s + time.time() - self.t0}
 
-    if val_ds is not None and step == 0:  # the untrained draft: the baseline of the curves
-        last_eval = {"step": 0, **evaluate()}
-        if is_main:
-            logs.log("eval", last_eval)
-            print(f"step-0 evaluation: {time.time() - t0:.1f} s", flush=True)
-        t0 = time.time()
-    while step < total_steps:
-        epoch, plan, j = where[step]
-        chunk = plan[j * per_step:(j + 1) * per_step]
-        mine = [chunk[a * world + rank] for a in range(cfg.grad_accum)]
-        step_stats = torch.zeros(cfg.ttt_steps, 4, device=device)
+    def train_step(self, epoch, plan, j):
+        """One optimizer step over this rank's grad_accum micro-batches; its summed stats."""
+        cfg, world = self.cfg, self.world
+        chunk = plan[j * self.per_step:(j + 1) * self.per_step]
+        mine = [chunk[a * world + self.rank] for a in range(cfg.grad_accum)]
+        step_stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
         for a, b in enumerate(mine):
-            sync = model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
+            sync = self.model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
             with sync, attention_kernel(cfg.attention):  # forward and backward inside one no_sync (usable once)
-                tensors = batch_tensors(b, feats)
-                with autocast(device):
-                    loss, stats = model(*tensors)
+                tensors = self.batch_tensors(b, self.feats)
+                with autocast(self.device):
+                    loss, stats = self.model(*tensors)
                 (loss / cfg.grad_accum).backward()
             step_stats += stats.float()
-            tok_seen += int(tensors[2].sum())
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        window += _all_reduce(step_stats).cpu()
-        bar.update(1)
-        if is_main and (step % cfg.log_every == 0 or step == total_steps):
-            dt = time.time() - t0
-            row = {"step": step, "epoch": round(epoch + (j + 1) / max(1, len(plan) // per_step), 4),
-                   "lr": sched.get_last_lr()[0], **summarize(window, cfg.step_decay),
-                   "tokens_per_s": tok_seen * world / max(dt, 1e-9), "elapsed_s": dt}
-            logs.log("train", row)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}")
-            window.zero_()
-        if val_ds is not None and (step % cfg.eval_every == 0 or step == total_steps):
-            last_eval = {"step": step, **evaluate()}
-            if is_main:
-                logs.log("eval", last_eval)
-        if is_main and (step % cfg.save_every == 0 or step == total_steps):
-            save_checkpoint(out_dir, step, draft, opt, sched, cfg, where_now(epoch, j))
-        if world > 1 and step % cfg.save_every == 0:
+            self.tok_seen += int(tensors[2].sum())
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return step_stats
+
+    def after_step(self, epoch, plan, j) -> bool:
+        """Log, evaluate and checkpoint on their schedules; False when stop_after ends this call."""
+        cfg, step, total = self.cfg, self.step, self.total_steps
+        if self.is_main and (step % cfg.log_every == 0 or step == total):
+            dt = time.time() - self.t0
+            row = {"step": step, "epoch": round(epoch + (j + 1) / max(1, len(plan) // self.per_step), 4),
+                   "lr": self.sched.get_last_lr()[0], **summarize(self.window, cfg.step_decay),
+                   "tokens_per_s": self.tok_seen * self.world / max(dt, 1e-9), "elapsed_s": dt}
+            self.logs.log("train", row)
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}")
+            self.window.zero_()
+        if self.val_ds is not None and (step % cfg.eval_every == 0 or step == total):
+            self.last_eval = {"step": step, **self.evaluate()}
+            if self.is_main:
+                self.logs.log("eval", self.last_eval)
+        if self.is_main and (step % cfg.save_every == 0 or step == total):
+            save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+        if self.world > 1 and step % cfg.save_every == 0:
             torch.distributed.barrier()
-        if cfg.stop_after and step - started >= cfg.stop_after and step < total_steps:
-            if is_main:
-                save_checkpoint(out_dir, step, draft, opt, sched, cfg, where_now(epoch, j))
-            break
-    bar.close()
-    if last_eval is None and val_ds is not None and step >= total_steps:  # resumed a finished run
-        last_eval = {"step": step, **evaluate()}
-    elapsed = time.time() - t0
-    result = {"draft": draft, "target": target, "out_dir": out_dir, "steps": step, "total_steps": total_steps,
-              "finished": step >= total_steps, "eval": last_eval, "train_stats": train_stats, "val_stats": val_stats,
-              "elapsed_s": elapsed, "elapsed_total_s": prior_s + elapsed, "resumed_from_step": started or None,
-              "hidden_precompute_s": phases["hidden"], "tokens_per_s": tok_seen * world / max(elapsed, 1e-9),
-              "train_tokens": sum(lengths), "vocab_coverage": coverage(counts, draft_ids), "world": world}
-    if is_main:
-        (out_dir / "summary.json").write_text(json.dumps({k: v for k, v in result.items()
-                                                          if k not in ("draft", "target", "out_dir")}, indent=1))
-    return result
+        if cfg.stop_after and step - self.started >= cfg.stop_after and step < total:
+            if self.is_main:
+                save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+            return False
+        return True
+
+    def loop(self) -> None:
+        cfg = self.cfg
+        self.logs = Logs(self.out_dir, self.step) if self.is_main else None
+        self.t2d, self.dids = self.draft.t2d, self.draft.draft_ids()
+        self.draft.train()
+        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {cfg.arch}",
+                        disable=not self.is_main)
+        self.t0, self.tok_seen, self.window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
+        self.last_eval, self.started = None, self.step
+        if self.val_ds is not None and self.step == 0:  # the untrained draft: the baseline of the curves
+            self.last_eval = {"step": 0, **self.evaluate()}
+            if self.is_main:
+                self.logs.log("eval", self.last_eval)
+                print(f"step-0 evaluation: {time.time() - self.t0:.1f} s", flush=True)
+            self.t0 = time.time()
+        while self.step < self.total_steps:
+            epoch, plan, j = self.where[self.step]
+            self.window += _all_reduce(self.train_step(epoch, plan, j)).cpu()
+            self.bar.update(1)
+            if not self.after_step(epoch, plan, j):
+                break
+        self.bar.close()
+
+    def finish(self) -> dict:
+        """The result (and summary.json on rank 0)."""
+        if self.last_eval is None and self.val_ds is not None and self.step >= self.total_steps:
+            self.last_eval = {"step": self.step, **self.evaluate()}  # resumed a finished run
+        elapsed = time.time() - self.t0
+        result = {"draft": self.draft, "target": self.target, "out_dir": self.out_dir, "steps": self.step,
+                  "total_steps": self.total_steps, "finished": self.step >= self.total_steps, "eval": self.last_eval,
+                  "train_stats": self.train_stats, "val_stats": self.val_stats, "elapsed_s": elapsed,
+                  "elapsed_total_s": self.prior_s + elapsed, "resumed_from_step": self.started or None,
+                  "hidden_precompute_s": self.phases["hidden"],
+                  "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),
+                  "train_tokens": sum(self.lengths), "vocab_coverage": coverage(self.counts, self.draft_ids),
+                  "world": self.world}
+        if self.is_main:
+            atomic_write_json(self.out_dir / "summary.json",
+                              {k: v for k, v in result.items() if k not in ("draft", "target", "out_dir")}, indent=1)
+        return result
 
 
 # Settings that may change between a run and its resumption (they do not change the result).
