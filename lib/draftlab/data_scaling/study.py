@@ -99,16 +99,18 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
     Returns {"results": rows for this plan's settings, "deferred": items left for a rerun, ...}.
     """
     out = Path(out_dir)
+    # the recipe as a TrainConfig: its defaults where settings.train gives none
+    train_cfg = TrainConfig(**{k: v for k, v in settings.train.items() if k in TrainConfig.__dataclass_fields__})
     results_path = out / "results.jsonl"
     t_start = time.monotonic()
     if str(device).startswith("cpu"):
         import torch
 
-        torch.set_num_threads(max(1, int(settings.train.get("threads", 2))))
+        torch.set_num_threads(max(1, int(train_cfg.threads)))
     ev = settings.eval_settings()
-    val_ds, val_stats = load_val(plan.val_file, target.tokenizer, settings.train.get("max_len", 2048),
-                                 settings.train.get("overlong", "truncate"), out / "tokens", settings.val_samples)
-    held = HeldOut(target, val_ds, settings.train.get("capture_layers") or target.capture_layers, progress)
+    val_ds, val_stats = load_val(plan.val_file, target.tokenizer, train_cfg.max_len,
+                                 train_cfg.overlong, out / "tokens", settings.val_samples)
+    held = HeldOut(target, val_ds, train_cfg.capture_layers or target.capture_layers, progress)
     prompts = heldout_prompts(target, plan.val_file, settings.spec_prompts) if settings.spec_prompts else None
     have = done_keys(results_path)
     deferred, ran = [], []
@@ -121,11 +123,11 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         """Every point is measured from its exported folder (bf16 weights, as a server loads them)."""
         t0 = time.monotonic()
         draft = load_draft(draft_dir, target)
-        sim = simulated_acceptance(target, draft, held, settings.train.get("ttt_steps", 7),
-                                   settings.train.get("step_decay", 0.8), seed=settings.seed, progress=progress)
+        sim = simulated_acceptance(target, draft, held, train_cfg.ttt_steps,
+                                   train_cfg.step_decay, seed=settings.seed, progress=progress)
         row = {"arch": arch, "n": n, "source": source, "sim_accept_len": sim["sim_accept_len"],
                "sim_accept_len_se": sim["sim_accept_len_se"],
-               "acc": [sim[f"acc_{i}"] for i in range(settings.train.get("ttt_steps", 7))],
+               "acc": [sim[f"acc_{i}"] for i in range(train_cfg.ttt_steps)],
                "val_conversations": sim["conversations"], "val_scored_tokens": sim["scored_tokens"], **extra}
         if prompts:
             ch = chain_acceptance(target, draft_dir, prompts, settings.spec_steps, settings.spec_max_new_tokens,
