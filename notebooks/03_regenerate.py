@@ -69,7 +69,8 @@ if missing:
     raise FileNotFoundError(f"{missing}: missing; run notebook 02_blend first")
 limits = {"train": MAX_TRAIN_ROWS, "val": MAX_VAL_ROWS}
 source_rows = {split: rg.load_conversations(path, limits.get(split, 0)) for split, path in inputs.items()}
-pd.DataFrame({split: {"rows": len(rows), "multi-turn": sum(sum(m["role"] == "assistant" for m in r["messages"]) > 1 for r in rows)}
+pd.DataFrame({split: {"rows": len(rows),
+                      "multi-turn": sum(sum(m["role"] == "assistant" for m in r["messages"]) > 1 for r in rows)}
               for split, rows in source_rows.items()})
 
 # %% [markdown]
@@ -132,7 +133,8 @@ nb.save_metrics(run, {
     "server_startup_s": report["server_startup_s"],
     "config": {k: getattr(config, k) for k in rg.IDENTITY_FIELDS},
     "splits": {split: {k: s[k] for k in ("rows_total", "rows_done", "rows_dropped_truncated", "rows_kept_truncated",
-                                         "rows_error", "completion_tokens", "tok_s", "wall_s", "finish_reasons", "retries")}
+                                         "rows_error", "completion_tokens", "tok_s", "wall_s", "finish_reasons",
+                                         "retries")}
                for split, s in report["splits"].items()},
     "finish_reasons": finish,
     "answer_tokens_mean": {k: (sum(v) / len(v) if v else None) for k, v in lengths.items()},

@@ -127,7 +127,8 @@ modes = reproduce.mode_acceptance(target, draft, prompts, num_steps=NUM_STEPS, m
 for mode, res in modes.items():
     print(f"{mode:>6}: acceptance length {res['acceptance_length']:.3f} over {res['speculative']['completion_tokens']} "
           f"tokens, lossless {res['lossless']}, speedup {res['speedup']:.2f}x ({prompt_set}, {len(prompts)} prompts)")
-fig = reproduce.plot_acceptance(modes, f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
+fig = reproduce.plot_acceptance(modes,
+                                f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
 nb.save_figure(run, fig, "acceptance_by_mode")
 
 # %% [markdown]
@@ -151,13 +152,15 @@ if PROBE_SERVER:
 nb.save_metrics(run, {
     "draft": str(draft_dir), "draft_origin": draft_origin,
     "doctor_on_draft": {"errors": result["errors"], "warnings": result["warnings"],
-                        "problems": [f"{f.check}/{f.severity}" for f in result["findings"] if f.severity in ("error", "warning")]},
+                        "problems": [f"{f.check}/{f.severity}" for f in result["findings"]
+                                     if f.severity in ("error", "warning")]},
     "flag_bug_found": any(f.check == "algorithm" and f.severity == "error" for f in flag_bug["findings"]),
     "library": {"cases": len(library), "flagged": int(library["flagged"].sum())},
     "widths": {r["mode"]: r["width"] for r in widths},
     "deploy_widths": {r["mode"]: r["width"] for r in deploy_widths},
     "acceptance_length": {m: r["acceptance_length"] for m, r in modes.items()},
-    "acceptance_eval": {"set": prompt_set, "prompts": len(prompts), "num_steps": NUM_STEPS, "max_new_tokens": MAX_NEW_TOKENS},
+    "acceptance_eval": {"set": prompt_set, "prompts": len(prompts), "num_steps": NUM_STEPS,
+                        "max_new_tokens": MAX_NEW_TOKENS},
     "lossless": {m: r["lossless"] for m, r in modes.items()},
     "probe": probe_summary,
 })

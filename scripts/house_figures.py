@@ -102,7 +102,8 @@ def main(argv: list[str]) -> int:
                 if length > longest[0]:
                     longest = (length, f"{name}.{node.name}")
     big = sorted(((len(p.read_text().splitlines()), n) for n, p in names.items()), reverse=True)
-    print(f"modules: {len([f for f in files if f.name != '__init__.py'])} (+{len(files) - len([f for f in files if f.name != '__init__.py'])} __init__)")
+    print(f"modules: {len([f for f in files if f.name != '__init__.py'])} "
+          f"(+{len(files) - len([f for f in files if f.name != '__init__.py'])} __init__)")
     print(f"internal import statements: {total}, inside functions: {inside}")
     print(f"module -> module imports: {pairs}, only inside functions: {pairs_inside}")
     found = cycles(graph)

@@ -138,7 +138,9 @@ def test_decontamination_against_humaneval_and_eval_sources_exempt():
     clean = conv("Write a function that parses ISO dates and returns datetime objects, with tests.", "train-src")
     he = offline.humaneval_conversations(2, source="he")
     spec = B.load_spec({"tokenizer": "none", "sources": [{"kind": "humaneval", "name": "he"}]})
-    result = B.run_pipeline(he + [leaked, clean], spec, B.TokenCounter(None), eval_sources={"he"}, pinned={"he": "test"})
+    result = B.run_pipeline(
+        he + [leaked, clean], spec, B.TokenCounter(None), eval_sources={"he"}, pinned={"he": "test"}
+    )
     assert result.report["dropped"]["contaminated"] == 1
     assert result.report["decontamination"]["contaminated"] == {"humaneval": 1}
     assert result.report["decontamination"]["eval_ngrams"]["humaneval"] > 1000
@@ -175,10 +177,20 @@ def test_token_counter_matches_the_rendered_chat_template():
 
     tok = load_tokenizer("tiny")
     counter = B.TokenCounter(tok)
-    convs = [conv("Write a function to add two numbers.", answer="def add(a, b):\n    return a + b"),
-             {"id": "x", "source": "s", "meta": {}, "messages": [
-                 {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, how are you?"},
-                 {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "Explain  recursion\n\nplease."}]}]
+    convs = [
+        conv("Write a function to add two numbers.", answer="def add(a, b):\n    return a + b"),
+        {
+            "id": "x",
+            "source": "s",
+            "meta": {},
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hello there, how are you?"},
+                {"role": "assistant", "content": "Fine."},
+                {"role": "user", "content": "Explain  recursion\n\nplease."},
+            ],
+        },
+    ]
     expected = [len(tok(tok.apply_chat_template(c["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
                 for c in convs]
     assert counter.count(convs) == expected

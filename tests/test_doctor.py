@@ -79,10 +79,19 @@ def test_good_export_passes_clean(library, capsys):
     case = cases["good"]
     result = diagnose(str(good), "tiny", case.launches)
     assert problems(result) == []
-    assert {f.check for f in result["findings"]} >= {"algorithm", "fc_width", "capture_layers_range", "d2t_mapping",
-                                                     "context_length", "rope", "missing_tensors", "max_running_requests"}
-    code, out, _ = run_cli(["--draft", str(good), "--target", "tiny", *sum((["--launch", c] for c in case.launches), []),
-                            "--json"], capsys)
+    assert {f.check for f in result["findings"]} >= {
+        "algorithm",
+        "fc_width",
+        "capture_layers_range",
+        "d2t_mapping",
+        "context_length",
+        "rope",
+        "missing_tensors",
+        "max_running_requests",
+    }
+    code, out, _ = run_cli(
+        ["--draft", str(good), "--target", "tiny", *sum((["--launch", c] for c in case.launches), []), "--json"], capsys
+    )
     assert code == 0
     data = json.loads(out)
     assert data["errors"] == 0 and data["warnings"] == 0 and data["target_shape"]["hidden_size"] == 64
@@ -209,8 +218,9 @@ def test_shipped_61_layer_config_and_dimension_table():
 
 
 def test_acceptance_length_definition():
-    assert acceptance_length([{"completion_tokens": 30, "spec_verify_ct": 10},
-                              {"completion_tokens": 10, "spec_verify_ct": 10}])[0] == pytest.approx(2.0)  # token-weighted
+    assert acceptance_length(
+        [{"completion_tokens": 30, "spec_verify_ct": 10}, {"completion_tokens": 10, "spec_verify_ct": 10}]
+    )[0] == pytest.approx(2.0)  # token-weighted
     assert acceptance_length([{"completion_tokens": 30}])[0] is None
     assert acceptance_length([{"completion_tokens": 30, "spec_verify_ct": 0}])[0] is None
 
@@ -304,7 +314,9 @@ def test_eagle1_style_draft(tmp_path):
     from draftlab.model.export import export_draft
 
     info = load_target_info("tiny")
-    cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, use_aux=False)
+    cfg = draft_config_for_target(
+        AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, use_aux=False
+    )
     draft = Eagle3Draft(cfg, torch.nn.Embedding(info.vocab_size, info.hidden_size))
     draft.set_vocab(torch.arange(128))
     out = export_draft(draft, tmp_path / "eagle1", max_position_embeddings=info.max_position_embeddings)

@@ -31,8 +31,13 @@ def _one_thread():
 def hf_greedy(target, ids, max_new):
     """The target's own greedy decoding through transformers' generate (the ground truth)."""
     with torch.no_grad():
-        out = target.model.generate(torch.tensor([ids], device=target.model.device), max_new_tokens=max_new, do_sample=False,
-                                    eos_token_id=target.eos_token_ids, pad_token_id=target.eos_token_ids[0])
+        out = target.model.generate(
+            torch.tensor([ids], device=target.model.device),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=target.eos_token_ids,
+            pad_token_id=target.eos_token_ids[0],
+        )
     return out[0, len(ids):].tolist()
 
 
@@ -304,8 +309,14 @@ def test_failed_graph_capture_falls_back_to_eager(tiny_target, draft, prompt_ids
     """Graphs asked for where they cannot be captured (the CPU): the run goes on eagerly, lossless,
     and reports that graphs were off and why."""
     with pytest.warns(UserWarning, match="CUDA graphs off"):
-        res = sd.compare(tiny_target, draft, prompt_ids[:3], sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
-                         eval_set="unit", progress=False)
+        res = sd.compare(
+            tiny_target,
+            draft,
+            prompt_ids[:3],
+            sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
+            eval_set="unit",
+            progress=False,
+        )
     assert res["lossless"] and res["cuda_graphs"] is False and res["cuda_graphs_error"]
 
 

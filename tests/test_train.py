@@ -136,7 +136,10 @@ def test_rounded_batch_length_trains_the_same_draft(fixture_files, tmp_path):
         for k, v in one["draft"].state_dict().items():
             assert torch.allclose(v.float(), wide["draft"].state_dict()[k].float(), atol=1e-5), (hidden, k)
     with pytest.raises(ValueError, match="attention"):
-        train(small_config(fixture_files, tmp_path / "bad" / "eagle3", attention="fastest"), target=load_target("tiny", device="cpu"))
+        train(
+            small_config(fixture_files, tmp_path / "bad" / "eagle3", attention="fastest"),
+            target=load_target("tiny", device="cpu"),
+        )
 
 
 @pytest.mark.gpu

@@ -64,7 +64,9 @@ def random_target(config_json: Path, dtype) -> Target:
     cfg = LlamaConfig(**{k: v for k, v in json.loads(config_json.read_text()).items() if not k.startswith("_")})
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(DEVICE, dtype).eval()
-    return Target(name="random", path=config_json.parent, model=model, tokenizer=_NoTokens(), device=DEVICE, dtype=dtype)
+    return Target(
+        name="random", path=config_json.parent, model=model, tokenizer=_NoTokens(), device=DEVICE, dtype=dtype
+    )
 
 
 def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
@@ -160,15 +162,20 @@ def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
             pos = torch.arange(300, 300 + n, device=dev)[None]
             base = torch.tensor([300], device=dev)
             graphs = eng.use_graphs
-            verify_ms = 1e3 * timed(lambda: eng.runner.step(ids, pos, base, eng._tril(n), graph=graphs), reps=50, warm=5)
+            verify_ms = 1e3 * timed(
+                lambda: eng.runner.step(ids, pos, base, eng._tril(n), graph=graphs), reps=50, warm=5
+            )
             one = torch.zeros(1, 1, dtype=torch.long, device=dev)
-            greedy_ms = 1e3 * timed(lambda: eng.runner.step(one, pos[:, :1], base, eng._tril(1), graph=graphs), reps=50, warm=5)
+            greedy_ms = 1e3 * timed(
+                lambda: eng.runner.step(one, pos[:, :1], base, eng._tril(1), graph=graphs), reps=50, warm=5
+            )
             width = 3 * target.hidden_size
             row = {"dtype": str(dtype).split(".")[-1], "S": s, "verify_ms": verify_ms, "greedy_step_ms": greedy_ms}
             for a in (1, n):
                 feats = torch.zeros(1, a, width, dtype=dtype, device=dev)
                 row[f"draft_chain_ms_extend{a}"] = 1e3 * timed(
-                    lambda: eng.draft_runner.chain(ids[:, :a], feats, base, eng._tril(a), graph=graphs), reps=50, warm=5)
+                    lambda: eng.draft_runner.chain(ids[:, :a], feats, base, eng._tril(a), graph=graphs), reps=50, warm=5
+                )
             prompt = list(range(100, 400))
             eng.greedy(prompt)
             g = eng.greedy(prompt)

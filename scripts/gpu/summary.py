@@ -78,7 +78,10 @@ def build_summary(m: dict) -> tuple[dict, dict]:
     if e3.get("train_stats"):
         s["samples"], src["samples"] = e3["train_stats"]["kept"], "04 eagle3 train_stats.kept"
     if e3.get("elapsed_total_s") is not None:  # summed over the calls a resumed training took
-        s["train_minutes"], src["train_minutes"] = round(e3["elapsed_total_s"] / 60, 2), "04 eagle3 elapsed_total_s / 60"
+        s["train_minutes"], src["train_minutes"] = (
+            round(e3["elapsed_total_s"] / 60, 2),
+            "04 eagle3 elapsed_total_s / 60",
+        )
     elif e3.get("elapsed_s") is not None:
         s["train_minutes"], src["train_minutes"] = round(e3["elapsed_s"] / 60, 2), "04 eagle3 elapsed_s / 60"
     tok = ((m03.get("splits") or {}).get("train") or {}).get("tok_s")

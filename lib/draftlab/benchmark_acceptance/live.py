@@ -43,8 +43,13 @@ def jsonl_prompts(path: str | Path, limit: int | None = None, source: str | None
     for i, row in enumerate(read_jsonl(path)):
         if limit and len(rows) >= limit:
             break
-        rows.append({"id": row.get("id", f"{Path(path).name}:{i + 1}"), "source": source or row.get("source", str(path)),
-                     "messages": prompt_messages(row, f"{path}: row {i + 1}")})
+        rows.append(
+            {
+                "id": row.get("id", f"{Path(path).name}:{i + 1}"),
+                "source": source or row.get("source", str(path)),
+                "messages": prompt_messages(row, f"{path}: row {i + 1}"),
+            }
+        )
     return rows
 
 

@@ -78,7 +78,9 @@ def plot_speedup_by_chain(rows: list[dict]):
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key in dict.fromkeys((r["eval_set"], r.get("arch", ""), r["dtype"]) for r in rows):
-        pts = sorted((r["num_steps"], r["speedup"]) for r in rows if (r["eval_set"], r.get("arch", ""), r["dtype"]) == key)
+        pts = sorted(
+            (r["num_steps"], r["speedup"]) for r in rows if (r["eval_set"], r.get("arch", ""), r["dtype"]) == key
+        )
         n = next(r["samples"] for r in rows if r["eval_set"] == key[0])
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[1]} ({key[2]}) on {key[0]} (n={n})")
     ax.axhline(1.0, color="grey", ls=":", label="greedy decoding")
@@ -97,7 +99,8 @@ def plot_position_acceptance(rows: list[dict]):
     for r in rows:
         rates = r["speculative"]["position_acceptance"]
         xs = [i + 1 for i, v in enumerate(rates) if v is not None]
-        ax.plot(xs, [v for v in rates if v is not None], "o-", label=f"{label(r)} on {r['eval_set']} (n={r['samples']})")
+        ax.plot(xs, [v for v in rates if v is not None], "o-", label=f"{label(r)} on {r['eval_set']} "
+                                                                     f"(n={r['samples']})")
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("draft position i")
     ax.set_ylabel("a_i = P(accepted | all before accepted)")

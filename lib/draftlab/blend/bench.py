@@ -12,6 +12,7 @@ from draftlab.blend.spec import load_spec
 from draftlab.blend.text import TokenCounter
 from draftlab.dataset_discovery import offline
 from draftlab.dataset_discovery import sources as S
+from draftlab.model.target import load_tokenizer
 
 # ------------------------------------------------------------------------------- benchmark
 
@@ -70,7 +71,7 @@ def synthetic_raw_rows(n: int, seed: int = 0) -> dict[str, list]:
 def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0, progress: bool = False) -> dict:
     """Time normalize + token filter + exact/near dedup + decontamination + split on n conversations."""
     raw = synthetic_raw_rows(n, seed)
-    tok = None if tokenizer in (None, "none") else __import__("draftlab.target", fromlist=["x"]).load_tokenizer(tokenizer)
+    tok = None if tokenizer in (None, "none") else load_tokenizer(tokenizer)
     counter = TokenCounter(tok)
     spec = load_spec({"name": "bench", "seed": seed, "tokenizer": tokenizer or "none",
                       "sources": [{"name": k, "kind": "local", "path": f"<memory:{k}>"} for k in raw]})

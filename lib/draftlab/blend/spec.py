@@ -153,7 +153,10 @@ def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = N
     key = hashlib.sha256(json.dumps([src, limit, spec["seed"], spec["filters"]["max_chars"], _fingerprint(src)],
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     if cache is not None:
-        conv_file, rej_file = cache / f"{src['name'].replace('/', '__')}-{key}.jsonl", cache / f"{src['name'].replace('/', '__')}-{key}.rejects.jsonl"
+        conv_file, rej_file = (
+            cache / f"{src['name'].replace('/', '__')}-{key}.jsonl",
+            cache / f"{src['name'].replace('/', '__')}-{key}.rejects.jsonl",
+        )
         info_file = conv_file.with_suffix(".info.json")
         if conv_file.exists() and rej_file.exists() and info_file.exists():
             out = S.Normalized(list(read_jsonl(conv_file)), list(read_jsonl(rej_file)))

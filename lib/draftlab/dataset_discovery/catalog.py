@@ -80,7 +80,8 @@ def load_catalog(path: str | Path | None = None) -> list[dict]:
             raise CatalogError(f"{where} ({entry.get('hub_id', '?')}): missing field(s) {missing}; write 'unknown' "
                                f"where a fact could not be verified")
         if entry["category"] not in CATEGORIES and entry["category"] != "discovered":
-            raise CatalogError(f"{where} ({entry['hub_id']}): category {entry['category']!r} is not one of {CATEGORIES}")
+            raise CatalogError(f"{where} ({entry['hub_id']}): category {entry['category']!r} is not one of "
+                               f"{CATEGORIES}")
         if entry["schema"] != "unknown" and entry["schema"] not in ADAPTERS_BY_NAME:
             raise CatalogError(f"{where} ({entry['hub_id']}): schema {entry['schema']!r} has no adapter; "
                                f"known: {sorted(ADAPTERS_BY_NAME)} or 'unknown'")
@@ -169,7 +170,9 @@ def discover(keywords=DEFAULT_KEYWORDS, limit: int = 20, timeout_s: float = 3.0,
     except Exception as exc:
         return Discovery(False, f"Hub search failed ({type(exc).__name__}: {str(exc)[:120]}): using the catalog "
                                 f"snapshot (data/catalog.yaml) as it is.", list(found.values()))
-    return Discovery(True, f"Live Hub search: {len(found)} datasets for {len(keywords)} keywords.", list(found.values()))
+    return Discovery(
+        True, f"Live Hub search: {len(found)} datasets for {len(keywords)} keywords.", list(found.values())
+    )
 
 
 def enrich(catalog: list[dict], discovery: Discovery) -> list[dict]:

@@ -29,7 +29,9 @@ def add_discover_parser(subparsers) -> argparse.ArgumentParser:
 
 def _cmd_discover(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.catalog)
-    found = Discovery(False, "--offline: using the catalog snapshot") if args.offline else discover(timeout_s=args.timeout)
+    found = (
+        Discovery(False, "--offline: using the catalog snapshot") if args.offline else discover(timeout_s=args.timeout)
+    )
     print(found.message)
     table = score(enrich(catalog, found), Workload(domain=args.domain))
     print(table[["hub_id", "category", "score", "license", "rows"]].to_string(index=False))

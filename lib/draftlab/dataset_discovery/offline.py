@@ -215,8 +215,9 @@ def _summary(doc: str, limit: int = 1200) -> str:
     lines = []
     for line in doc.splitlines():
         s = line.strip()
-        if s.startswith(">>>") or s in ("Parameters", "Args:", "Arguments:", "Returns", "Returns:", "Examples",
-                                        "Example:", "Examples:", ":param", "Raises", "Raises:") or s.startswith(":param"):
+        sections = ("Parameters", "Args:", "Arguments:", "Returns", "Returns:", "Examples", "Example:", "Examples:",
+                    ":param", "Raises", "Raises:")
+        if s.startswith(">>>") or s in sections or s.startswith(":param"):
             break
         lines.append(line.rstrip())
     text = "\n".join(lines).strip() or doc.strip()
@@ -236,9 +237,11 @@ def _where(d: Definition) -> str:
 FUNCTION_TEMPLATES = (
     ("write", lambda d: (f"Write a Python function `{d.qualname.split('.')[-1]}{d.signature}`" if d.kind == "function"
                          else f"Write the method `{d.qualname}{d.signature}` of a Python class,")
-                        + f" that does the following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge cases."),
+                        + f" that does the following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge "
+                          "cases."),
     ("explain", lambda d: f"Explain what `{d.module}.{d.qualname}` from {_where(d)} does, when you would use "
-                          f"it, and show a short example. Its documentation begins: \"{_first_sentence(_summary(d.doc))}\""),
+                          f"it, and show a short example. Its documentation begins: "
+                          f"\"{_first_sentence(_summary(d.doc))}\""),
     ("test", lambda d: f"Write pytest unit tests for `{d.module}.{d.qualname}{d.signature}` from {_where(d)}. "
                        f"It is documented as:\n\n{_summary(d.doc, 600)}"),
     ("use", lambda d: f"Show a small, complete Python script that uses `{d.module}.{d.qualname}` "

@@ -52,7 +52,9 @@ def summarize(results: list[PromptResult], num_steps: int | None = None) -> dict
         out["accept_histogram"] = hist  # verify steps that accepted 0..S draft tokens
         # a_i = P(draft token i accepted | tokens < i accepted), i = 1..S (tree: depth i)
         out["position_acceptance"] = [
-            (sum(1 for a in accepted if a >= i) / reached) if (reached := sum(1 for a in accepted if a >= i - 1)) else None
+            (sum(1 for a in accepted if a >= i) / reached)
+            if (reached := sum(1 for a in accepted if a >= i - 1))
+            else None
             for i in range(1, num_steps + 1)
         ]
     return out
@@ -98,7 +100,8 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
                 raise RuntimeError(f"graph replay decoded {graphed[0][:8]}... but eager decoding {eager[0][:8]}...")
             # a stale buffer in a draft graph would show as far fewer accepted tokens; allow rounding
             if abs(graphed[1] - eager[1]) > 0.02 * eager[1] + 1:
-                raise RuntimeError(f"graph replay accepted {graphed[1]} draft tokens on the probe, eager decoding {eager[1]}")
+                raise RuntimeError(f"graph replay accepted {graphed[1]} draft tokens on the probe, eager decoding "
+                                   f"{eager[1]}")
             _GRAPHS_CHECKED.setdefault(key, set()).add(shape)
         return engine
     except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly

@@ -132,12 +132,23 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     # --- capture layers
     draft_case("no_eagle_config", "capture_layers_present", "warning", "eagle_config left out of config.json",
                config_fn=_pop("eagle_config"))
-    draft_case("layer_out_of_range", "capture_layers_range", "error",
-               f"capture ids past the last of the target's {info.num_layers} layers",
-               config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, info.num_layers + 1]))
-    draft_case("input_of_layer_ids", "capture_layers_convention", "warning",
-               "input-of-layer ids written where SGLang expects output-of-layer ids (a naive exporter's mistake)",
-               config_fn=lambda c: (c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)), c.pop("draftlab", None)))
+    draft_case(
+        "layer_out_of_range",
+        "capture_layers_range",
+        "error",
+        f"capture ids past the last of the target's {info.num_layers} layers",
+        config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, info.num_layers + 1]),
+    )
+    draft_case(
+        "input_of_layer_ids",
+        "capture_layers_convention",
+        "warning",
+        "input-of-layer ids written where SGLang expects output-of-layer ids (a naive exporter's mistake)",
+        config_fn=lambda c: (
+            c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)),
+            c.pop("draftlab", None),
+        ),
+    )
     draft_case("trained_layers_shifted", "capture_layers_convention", "error",
                "recorded training layers and config ids disagree by one",
                config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)))
@@ -149,9 +160,11 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
                                         c.update(draftlab={"capture_layers": shifted})),
                    case_target=deepseek_target)
     # --- vocabulary
-    draft_case("draft_vocab_size_wrong", "draft_vocab", "error", "draft_vocab_size says 32000, d2t and lm_head have fewer",
+    draft_case("draft_vocab_size_wrong", "draft_vocab", "error", "draft_vocab_size says 32000, d2t and lm_head have "
+                                                                 "fewer",
                config_fn=lambda c: c.update(draft_vocab_size=32000))
-    draft_case("vocab_from_other_target", "vocab_size", "error", "config.json says vocab_size 32000 (another tokenizer)",
+    draft_case("vocab_from_other_target", "vocab_size", "error", "config.json says vocab_size 32000 (another "
+                                                                 "tokenizer)",
                config_fn=lambda c: c.update(vocab_size=32000))
     draft_case("t2d_wrong_length", "t2d_size", "error", "t2d built for a 32000-token vocabulary",
                tensor_fn=lambda t: t.update({"t2d": torch.zeros(32000, dtype=torch.bool)}))
@@ -164,17 +177,42 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
                config_fn=lambda c: c.update(tie_word_embeddings=True))
     draft_case("plain_llama_arch", "architectures", "error", "architectures LlamaForCausalLM",
                config_fn=lambda c: c.update(architectures=["LlamaForCausalLM"]))
-    draft_case("rope_theta_default", "rope", "warning", "rope_theta 10000 where the target uses another base",
-               config_fn=lambda c: c.update(rope_theta=10000.0 if float(c.get("rope_theta", 0)) != 10000.0 else 500000.0))
-    draft_case("rope_only_new_keys", "rope", "warning", "only transformers 5's rope_parameters, no legacy rope_theta",
-               config_fn=lambda c: (c.pop("rope_theta", None), c.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 1e5})))
+    draft_case(
+        "rope_theta_default",
+        "rope",
+        "warning",
+        "rope_theta 10000 where the target uses another base",
+        config_fn=lambda c: c.update(rope_theta=10000.0 if float(c.get("rope_theta", 0)) != 10000.0 else 500000.0),
+    )
+    draft_case(
+        "rope_only_new_keys",
+        "rope",
+        "warning",
+        "only transformers 5's rope_parameters, no legacy rope_theta",
+        config_fn=lambda c: (
+            c.pop("rope_theta", None),
+            c.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 1e5}),
+        ),
+    )
     # --- tensor names
-    draft_case("prefixed_names", "unknown_tensors", "error", "every tensor saved as draft_model.<name>",
-               tensor_fn=lambda t: [t.__setitem__("draft_model." + k, t.pop(k)) for k in list(t) if k not in ("d2t", "t2d")])
+    draft_case(
+        "prefixed_names",
+        "unknown_tensors",
+        "error",
+        "every tensor saved as draft_model.<name>",
+        tensor_fn=lambda t: [t.__setitem__("draft_model." + k, t.pop(k)) for k in list(t) if k not in ("d2t", "t2d")],
+    )
     draft_case("missing_hidden_norm", "missing_tensors", "error", "midlayer.hidden_norm.weight not exported",
                tensor_fn=lambda t: t.pop("midlayer.hidden_norm.weight"))
-    draft_case("qproj_one_h", "tensor_shapes", "error", "q_proj takes H inputs instead of 2H",
-               tensor_fn=lambda t: t.update({"midlayer.self_attn.q_proj.weight": t["midlayer.self_attn.q_proj.weight"][:, :h].contiguous()}))
+    draft_case(
+        "qproj_one_h",
+        "tensor_shapes",
+        "error",
+        "q_proj takes H inputs instead of 2H",
+        tensor_fn=lambda t: t.update(
+            {"midlayer.self_attn.q_proj.weight": t["midlayer.self_attn.q_proj.weight"][:, :h].contiguous()}
+        ),
+    )
     return cases
 
 

@@ -69,7 +69,11 @@ def check_hidden_size(d: DraftFiles, t: TargetInfo) -> list:
 
 def check_fc_width(d: DraftFiles, t: TargetInfo) -> list:
     if not d.uses_aux:
-        return [Finding("fc_width", "info", "EAGLE-1-style draft (no aux hidden states): no fc to check", where=str(d.folder))]
+        return [
+            Finding(
+                "fc_width", "info", "EAGLE-1-style draft (no aux hidden states): no fc to check", where=str(d.folder)
+            )
+        ]
     shape = d.tensors.get("fc.weight", (None, None))[0] if "fc.weight" in d.tensors else None
     if shape is None:
         return []  # reported by check_tensor_names as a missing tensor
@@ -81,9 +85,12 @@ def check_fc_width(d: DraftFiles, t: TargetInfo) -> list:
             f"fc.weight is {_fmt(shape)}: it takes {got} inputs, but the target delivers 3 x {t.hidden_size} = {want}",
             "SGLang runs fc only when the incoming width differs from H; an fc of the wrong width either fails at "
             "start-up or projects hidden states the draft never saw in training",
-            f"export fc.weight as [{d.config.get('hidden_size')}, {want}] (three captured layers of the {t.hidden_size}-wide target)",
+            f"export fc.weight as [{d.config.get('hidden_size')}, {want}] (three captured layers of the "
+            f"{t.hidden_size}-wide target)",
             str(d.weight_files[0]))]
-    return [Finding("fc_width", "ok", f"fc.weight {_fmt(shape)} takes 3 x {t.hidden_size}", where=str(d.weight_files[0]))]
+    return [
+        Finding("fc_width", "ok", f"fc.weight {_fmt(shape)} takes 3 x {t.hidden_size}", where=str(d.weight_files[0]))
+    ]
 
 
 def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
@@ -91,7 +98,8 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
     if not d.uses_aux:
         if d.eagle_config.get("use_aux_hidden_state") is False and "fc.weight" in d.tensors:
             return [Finding(
-                "capture_layers_present", "error", "eagle_config.use_aux_hidden_state is false but the draft has fc.weight",
+                "capture_layers_present", "error", "eagle_config.use_aux_hidden_state is false but the draft has "
+                                                   "fc.weight",
                 "SGLang then captures no aux layers: the target sends its final state (width H), fc is bypassed and "
                 "acceptance length collapses to ~1.0 with no error",
                 _config_fix("eagle_config", {**d.eagle_config, "use_aux_hidden_state": True}), where)]
@@ -100,55 +108,92 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
     default_cfg_ids = config_ids(t.default_capture, t.is_deepseek)  # the ids that give SGLang's default capture
     ids = d.eagle_config.get("eagle_aux_hidden_state_layer_ids")
     if ids is None:
-        return [Finding(
-            "capture_layers_present", "warning", "eagle_config.eagle_aux_hidden_state_layer_ids is missing",
-            f"SGLang then silently captures its default hidden_states{t.default_capture} of this {n}-layer target; "
-            "if the draft was trained on other layers it serves with low acceptance and no error",
-            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
-            + " (the ids of the layers the draft was trained on; these are SGLang's default)", where)]
+        return [
+            Finding(
+                "capture_layers_present",
+                "warning",
+                "eagle_config.eagle_aux_hidden_state_layer_ids is missing",
+                f"SGLang then silently captures its default hidden_states{t.default_capture} of this {n}-layer target; "
+                "if the draft was trained on other layers it serves with low acceptance and no error",
+                _config_fix(
+                    "eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True}
+                )
+                + " (the ids of the layers the draft was trained on; these are SGLang's default)",
+                where,
+            )
+        ]
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        return [Finding("capture_layers_present", "error", f"eagle_aux_hidden_state_layer_ids is {ids!r}, not a list of ints",
-                        "SGLang cannot set the capture layers", _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids}), where)]
+        return [
+            Finding(
+                "capture_layers_present",
+                "error",
+                f"eagle_aux_hidden_state_layer_ids is {ids!r}, not a list of ints",
+                "SGLang cannot set the capture layers",
+                _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids}),
+                where,
+            )
+        ]
     out = [Finding("capture_layers_present", "ok", f"eagle_aux_hidden_state_layer_ids {ids}", where=where)]
     captured = captured_states(ids, t.is_deepseek)
     bad = [i for i, c in zip(ids, captured) if not 1 <= c <= n - 1]
     if len(ids) != 3 or bad:
-        out.append(Finding(
-            "capture_layers_range", "error",
-            f"layer ids {ids} select hidden_states{captured} of a {n}-layer target"
-            + (f"; {bad} fall outside it" if bad else f"; {len(ids)} ids instead of 3"),
-            "SGLang captures the input of decoder layer id+1 for each id; a layer that does not exist is never "
-            "captured, so the concatenation is narrower than fc expects (start-up or first-step failure)",
-            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
-            + " (or the ids the draft was really trained on)", where))
+        out.append(
+            Finding(
+                "capture_layers_range",
+                "error",
+                f"layer ids {ids} select hidden_states{captured} of a {n}-layer target"
+                + (f"; {bad} fall outside it" if bad else f"; {len(ids)} ids instead of 3"),
+                "SGLang captures the input of decoder layer id+1 for each id; a layer that does not exist is never "
+                "captured, so the concatenation is narrower than fc expects (start-up or first-step failure)",
+                _config_fix(
+                    "eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True}
+                )
+                + " (or the ids the draft was really trained on)",
+                where,
+            )
+        )
         return out
-    out.append(Finding("capture_layers_range", "ok", f"ids {ids} -> hidden_states{captured}, inside 1..{n - 1}", where=where))
+    out.append(
+        Finding("capture_layers_range", "ok", f"ids {ids} -> hidden_states{captured}, inside 1..{n - 1}", where=where)
+    )
     if ids != sorted(set(ids)):
         out.append(Finding(
             "capture_layers_range", "warning", f"layer ids {ids} are not strictly increasing",
-            "the draft's fc was trained on the concatenation (low, mid, high); SGLang concatenates in the order captured",
+            "the draft's fc was trained on the concatenation (low, mid, high); SGLang concatenates in the order "
+            "captured",
             _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": sorted(set(ids))}), where))
     trained = trained_layers(d.config)
     if trained is not None and captured != trained:
         check = "capture_layers_deepseek" if t.is_deepseek else "capture_layers_convention"
         try:
             want_ids = config_ids(trained, t.is_deepseek)
-            fix = _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": want_ids, "use_aux_hidden_state": True})
+            fix = _config_fix(
+                "eagle_config", {"eagle_aux_hidden_state_layer_ids": want_ids, "use_aux_hidden_state": True}
+            )
         except CaptureError:
             fix = "no id list makes a DeepSeek-family SGLang model capture these layers; retrain on capturable layers"
         out.append(Finding(
             check, "error",
-            f"the draft was trained on hidden_states{trained} but SGLang will capture hidden_states{captured} from ids {ids}",
+            f"the draft was trained on hidden_states{trained} but SGLang will capture hidden_states{captured} from "
+            f"ids {ids}",
             "off-by-one capture feeds fc states from the neighbouring layers: no error, lower acceptance", fix, where))
     elif trained is None and not t.is_deepseek and ids == t.default_capture:
-        out.append(Finding(
-            "capture_layers_convention", "warning",
-            f"ids {ids} equal SGLang's default capture written as \"input of layer\" ids; SGLang adds 1 to config ids "
-            f"and will capture hidden_states{captured}",
-            "config ids follow the \"output of layer i\" convention ([1, N//2-1, N-4] for the default set); "
-            "writing the input-of-layer ids shifts every captured layer by one, silently",
-            _config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True})
-            + f" if the draft was trained on hidden_states{t.default_capture}", where))
+        out.append(
+            Finding(
+                "capture_layers_convention",
+                "warning",
+                f'ids {ids} equal SGLang\'s default capture written as "input of layer" ids; SGLang adds 1 to config '
+                'ids '
+                f"and will capture hidden_states{captured}",
+                'config ids follow the "output of layer i" convention ([1, N//2-1, N-4] for the default set); '
+                "writing the input-of-layer ids shifts every captured layer by one, silently",
+                _config_fix(
+                    "eagle_config", {"eagle_aux_hidden_state_layer_ids": default_cfg_ids, "use_aux_hidden_state": True}
+                )
+                + f" if the draft was trained on hidden_states{t.default_capture}",
+                where,
+            )
+        )
     else:
         out.append(Finding("capture_layers_convention", "ok",
                            f"ids {ids} read as output-of-layer ids -> hidden_states{captured}"
@@ -156,114 +201,38 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
     if t.is_deepseek:
         llama_reading = [i + 1 for i in ids]
         if ids[0] != 1 and trained is None:
-            out.append(Finding(
-                "capture_layers_deepseek", "warning",
-                f"on this DeepSeek-family target SGLang uses ids {ids} as they are (it adds 1 only when the first id is 1): "
-                f"it captures hidden_states{captured}, where a Llama-family target would capture hidden_states{llama_reading}",
-                "the same draft config means different layers on the two families; a draft trained with output-of-layer ids "
-                "is fed states one layer early, with no error",
-                (_config_fix("eagle_config", {"eagle_aux_hidden_state_layer_ids": llama_reading, "use_aux_hidden_state": True})
-                 + f" if the draft was trained on hidden_states{llama_reading}" if llama_reading[0] != 1 else
-                 f"if the draft was trained on hidden_states{llama_reading}, no id list captures them on DeepSeek: retrain")
-                + "; add \"draftlab\": {\"capture_layers\": [...]} to config.json so doctor can check it", where))
+            out.append(
+                Finding(
+                    "capture_layers_deepseek",
+                    "warning",
+                    f"on this DeepSeek-family target SGLang uses ids {ids} as they are (it adds 1 only when the first "
+                    "id "
+                    "is 1): "
+                    f"it captures hidden_states{captured}, where a Llama-family target would capture "
+                    f"hidden_states{llama_reading}",
+                    "the same draft config means different layers on the two families; a draft trained with "
+                    "output-of-layer ids "
+                    "is fed states one layer early, with no error",
+                    (
+                        _config_fix(
+                            "eagle_config",
+                            {"eagle_aux_hidden_state_layer_ids": llama_reading, "use_aux_hidden_state": True},
+                        )
+                        + f" if the draft was trained on hidden_states{llama_reading}"
+                        if llama_reading[0] != 1
+                        else f"if the draft was trained on hidden_states{llama_reading}, no id list captures them on "
+                             "DeepSeek: "
+                        "retrain"
+                    )
+                    + '; add "draftlab": {"capture_layers": [...]} to config.json so doctor can check it',
+                    where,
+                )
+            )
         elif trained is None or captured == trained:
             out.append(Finding("capture_layers_deepseek", "ok",
                                f"DeepSeek-family target, first id {ids[0]}: SGLang adds 1 -> hidden_states{captured}"
                                if ids[0] == 1 else f"DeepSeek-family target: ids used as-is -> hidden_states{captured}",
                                where=where))
-    return out
-
-
-def check_vocab(d: DraftFiles, t: TargetInfo) -> list:
-    """vocab_size vs target, draft_vocab_size vs d2t and lm_head, t2d vs the target vocabulary."""
-    where_cfg, where_w = str(d.config_path), str(d.weight_files[0])
-    out = []
-    v = d.config.get("vocab_size")
-    if v != t.vocab_size:
-        out.append(Finding(
-            "vocab_size", "error", f"draft vocab_size {v} differs from the target's {t.vocab_size}",
-            "the draft shares the target's embedding and maps draft ids into the target vocabulary",
-            _config_fix("vocab_size", t.vocab_size) + " (and rebuild d2t/t2d for this target)", where_cfg))
-    else:
-        out.append(Finding("vocab_size", "ok", f"vocab_size {v} = target's", where=where_cfg))
-    vd = d.config.get("draft_vocab_size")
-    lm = d.tensors.get("lm_head.weight", ((None,), ""))[0]
-    d2t_len = d.tensors["d2t"][0][0] if "d2t" in d.tensors and d.tensors["d2t"][0] else None
-    if vd is None:
-        out.append(Finding(
-            "draft_vocab", "error" if lm[0] != v else "warning", "draft_vocab_size is missing from config.json",
-            f"SGLang then sizes lm_head by vocab_size ({v}); the exported lm_head has {lm[0]} rows",
-            _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len), where_cfg))
-    else:
-        problems = []
-        if d2t_len is not None and d2t_len != vd:
-            problems.append(f"d2t has {d2t_len} entries")
-        if lm[0] is not None and lm[0] != vd:
-            problems.append(f"lm_head.weight has {lm[0]} rows")
-        if problems:
-            out.append(Finding(
-                "draft_vocab", "error", f"draft_vocab_size is {vd} but " + " and ".join(problems),
-                "lm_head is allocated with draft_vocab_size rows and d2t maps each of them: a mismatch fails at "
-                "start-up or maps draft tokens to the wrong target tokens",
-                _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len) + " (the size the draft was trained with)",
-                where_cfg))
-        else:
-            out.append(Finding("draft_vocab", "ok", f"draft_vocab_size {vd} = d2t length = lm_head rows", where=where_cfg))
-    if "t2d" in d.tensors:
-        t2d_len = d.tensors["t2d"][0][0] if d.tensors["t2d"][0] else None
-        if t2d_len != t.vocab_size:
-            out.append(Finding(
-                "t2d_size", "error", f"t2d has {t2d_len} entries, the target vocabulary {t.vocab_size}",
-                "t2d marks which target tokens the draft can propose; its length must be the target's vocabulary",
-                f"rebuild t2d as a bool tensor of {t.vocab_size} entries (true at target ids draft_id + d2t[draft_id])", where_w))
-        else:
-            out.append(Finding("t2d_size", "ok", f"t2d has {t2d_len} entries = target vocabulary", where=where_w))
-    return out
-
-
-def check_d2t_mapping(d: DraftFiles, t: TargetInfo) -> list:
-    """d2t must map every draft id to a distinct, valid target id; t2d must agree with it."""
-    import torch
-
-    where = str(d.weight_files[0])
-    if d.d2t is None:
-        return []  # a missing d2t is reported by check_tensor_names
-    out = []
-    d2t = d.d2t
-    if d2t.dtype != torch.int64:
-        out.append(Finding("d2t_mapping", "warning", f"d2t is {d2t.dtype}, the contract says int64",
-                           "SGLang adds d2t to int64 ids; other dtypes are converted or overflow on large vocabularies",
-                           "save d2t as torch.int64", where))
-    target_ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)  # [Vd]
-    bad = ((target_ids < 0) | (target_ids >= t.vocab_size)).nonzero().flatten()
-    dup = target_ids.numel() - torch.unique(target_ids).numel()
-    if bad.numel() or dup:
-        parts = []
-        if bad.numel():
-            first = int(bad[0])
-            parts.append(f"{bad.numel()} draft ids map outside 0..{t.vocab_size - 1} (e.g. draft id {first} -> {int(target_ids[first])})")
-        if dup:
-            parts.append(f"{dup} target ids are reached by more than one draft id")
-        out.append(Finding(
-            "d2t_mapping", "error", "d2t is not a valid offset map: " + "; ".join(parts),
-            "SGLang proposes target id draft_id + d2t[draft_id]: invalid ids crash the sampler or propose tokens "
-            "the verifier always rejects",
-            "rebuild d2t as sorted_target_ids - arange(Vd) from the draft vocabulary (target ids sorted ascending)", where))
-        return out
-    if not bool((target_ids[1:] > target_ids[:-1]).all()):
-        out.append(Finding("d2t_mapping", "warning", "d2t maps draft ids to target ids out of ascending order",
-                           "the contract's draft vocabulary is sorted by target id; an unsorted map suggests a different build",
-                           "rebuild d2t from the target ids sorted ascending", where))
-    if d.t2d is not None and d.t2d.numel() == t.vocab_size:
-        t2d = d.t2d.to(torch.bool)
-        agree = bool(t2d[target_ids].all()) and int(t2d.sum()) == target_ids.numel()
-        if not agree:
-            out.append(Finding(
-                "d2t_mapping", "warning", f"t2d marks {int(t2d.sum())} target tokens but d2t reaches {target_ids.numel()} (or others)",
-                "t2d and d2t describe the same vocabulary; disagreement means one of them is from another export",
-                "rebuild t2d: t2d = zeros(V, bool); t2d[arange(Vd) + d2t] = True", where))
-    if not out:
-        out.append(Finding("d2t_mapping", "ok", f"d2t maps {target_ids.numel()} draft ids to distinct valid target ids", where=where))
     return out
 
 
@@ -274,7 +243,8 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
         expected = expected_tensors(d.config, t.hidden_size, d.uses_aux)
     except (KeyError, TypeError, ValueError) as exc:
         return [Finding("architectures", "error", f"config.json lacks a field SGLang needs ({exc})",
-                        "SGLang builds the draft's layers from these fields", "write the full Llama config fields listed in the contract",
+                        "SGLang builds the draft's layers from these fields", "write the full Llama config fields "
+                                                                              "listed in the contract",
                         str(d.config_path))]
     out = []
     found = set(d.tensors)
@@ -290,8 +260,10 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
     if prefixed:
         pairs = ", ".join(f"{a} -> {b}" for a, b in list(prefixed.items())[:4])
         out.append(Finding(
-            "unknown_tensors", "error", f"{len(prefixed)} tensors carry a prefix or old name SGLang does not know ({pairs})",
-            "SGLang's loader skips unknown names silently: those layers stay randomly initialised and acceptance collapses",
+            "unknown_tensors", "error", f"{len(prefixed)} tensors carry a prefix or old name SGLang does not know "
+                                        f"({pairs})",
+            "SGLang's loader skips unknown names silently: those layers stay randomly initialised and acceptance "
+            "collapses",
             "rename them in model.safetensors: " + pairs, where))
     others = [n for n in unknown if n not in prefixed]
     if others:
@@ -300,7 +272,8 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
         if rest:
             out.append(Finding(
                 "unknown_tensors", "warning", f"{len(rest)} tensors SGLang would skip: {', '.join(rest[:5])}",
-                "unknown names are dropped without a message; if the draft needs them (e.g. biases) it serves differently "
+                "unknown names are dropped without a message; if the draft needs them (e.g. biases) it serves "
+                "differently "
                 "from how it was trained", "remove them, or rename them to contract names", where))
         if embed:
             out.append(Finding(
@@ -310,14 +283,27 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
     if not prefixed and not others:
         out.append(Finding("unknown_tensors", "ok", f"all {len(found)} tensor names are contract names", where=where))
     if missing:
-        out.append(Finding(
-            "missing_tensors", "error", f"missing tensors: {', '.join(missing)}",
-            "SGLang does not complain about a missing weight: the layer keeps its random initialisation",
-            "export every tensor of the contract's table (" + ", ".join(missing[:3]) + ("..." if len(missing) > 3 else "") + ")", where))
+        out.append(
+            Finding(
+                "missing_tensors",
+                "error",
+                f"missing tensors: {', '.join(missing)}",
+                "SGLang does not complain about a missing weight: the layer keeps its random initialisation",
+                "export every tensor of the contract's table ("
+                + ", ".join(missing[:3])
+                + ("..." if len(missing) > 3 else "")
+                + ")",
+                where,
+            )
+        )
     else:
         out.append(Finding("missing_tensors", "ok", f"all {len(expected)} contract tensors present", where=where))
     own_checks = {"fc.weight", "lm_head.weight", "d2t", "t2d"}  # their shapes have dedicated checks
-    wrong = [(n, d.tensors[n][0], expected[n]) for n in sorted(found & set(expected)) if n not in own_checks and tuple(d.tensors[n][0]) != expected[n]]
+    wrong = [
+        (n, d.tensors[n][0], expected[n])
+        for n in sorted(found & set(expected))
+        if n not in own_checks and tuple(d.tensors[n][0]) != expected[n]
+    ]
     if wrong:
         desc = "; ".join(f"{n} is {_fmt(g)}, config implies {_fmt(w)}" for n, g, w in wrong[:4])
         out.append(Finding(
@@ -350,23 +336,40 @@ def check_rope(d: DraftFiles, t: TargetInfo) -> list:
     d_theta, d_scaling = _rope(d.config)
     t_theta, t_scaling = _rope(t.text)
     if "rope_theta" not in d.config and "rope_parameters" in d.config:
-        out.append(Finding(
-            "rope", "warning", "rope_theta is only inside rope_parameters (transformers 5 layout)",
-            "SGLang's config reading (transformers 4.x) looks for the legacy rope_theta/rope_scaling keys and falls "
-            "back to theta 10000 without them",
-            _config_fix("rope_theta", d_theta) + (f" and \"rope_scaling\": {json.dumps(d_scaling)}" if d_scaling else ""), where))
+        out.append(
+            Finding(
+                "rope",
+                "warning",
+                "rope_theta is only inside rope_parameters (transformers 5 layout)",
+                "SGLang's config reading (transformers 4.x) looks for the legacy rope_theta/rope_scaling keys and "
+                "falls "
+                "back to theta 10000 without them",
+                _config_fix("rope_theta", d_theta)
+                + (f' and "rope_scaling": {json.dumps(d_scaling)}' if d_scaling else ""),
+                where,
+            )
+        )
     if d_theta is not None and t_theta is not None and abs(d_theta - t_theta) > 1e-6 * max(1.0, t_theta):
         out.append(Finding(
             "rope", "warning", f"draft rope_theta {d_theta:g} differs from the target's {t_theta:g}",
-            "the draft attends over the target's positions; a different rotary base shifts every position the draft sees",
+            "the draft attends over the target's positions; a different rotary base shifts every position the draft "
+            "sees",
             _config_fix("rope_theta", t_theta) + " if the draft was trained with the target's rope", where))
     if (d_scaling or None) != (t_scaling or None):
         out.append(Finding(
             "rope", "warning", f"draft rope_scaling {d_scaling} differs from the target's {t_scaling}",
-            "long-context scaling must match the positions the target serves, or draft quality drops past the original window",
+            "long-context scaling must match the positions the target serves, or draft quality drops past the "
+            "original window",
             _config_fix("rope_scaling", t_scaling) + " if the draft was trained with the target's rope", where))
     if not out:
-        out.append(Finding("rope", "ok", f"rope theta {d_theta:g}, scaling {d_scaling} = target's" if d_theta else "rope as target's", where=where))
+        out.append(
+            Finding(
+                "rope",
+                "ok",
+                f"rope theta {d_theta:g}, scaling {d_scaling} = target's" if d_theta else "rope as target's",
+                where=where,
+            )
+        )
     return out
 
 
@@ -377,4 +380,11 @@ def check_tie_embeddings(d: DraftFiles) -> list:
             "tie_word_embeddings", "error", "tie_word_embeddings is true",
             "a tied draft takes its lm_head from the (shared, target-sized) embedding: the trained lm_head over the "
             "draft vocabulary is ignored", _config_fix("tie_word_embeddings", False), where)]
-    return [Finding("tie_word_embeddings", "ok", f"tie_word_embeddings {d.config.get('tie_word_embeddings', False)}", where=where)]
+    return [
+        Finding(
+            "tie_word_embeddings",
+            "ok",
+            f"tie_word_embeddings {d.config.get('tie_word_embeddings', False)}",
+            where=where,
+        )
+    ]

@@ -8,14 +8,13 @@ from draftlab.core.launch import set_flag
 from draftlab.flag_diagnosis.checks import (
     check_architecture,
     check_capture_layers,
-    check_d2t_mapping,
     check_fc_width,
     check_hidden_size,
     check_rope,
     check_tensor_names,
     check_tie_embeddings,
-    check_vocab,
 )
+from draftlab.flag_diagnosis.checks_vocab import check_d2t_mapping, check_vocab
 from draftlab.flag_diagnosis.inputs import (
     DoctorInputError,
     DraftFiles,
@@ -34,10 +33,22 @@ def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
         contexts = [(None, t.max_position_embeddings)] if t.max_position_embeddings else []
     out = []
     for server, ctx in contexts:
-        source = f"--context-length {ctx} of {server.source[:60]}" if server else f"the target's max_position_embeddings ({ctx}, SGLang's default context)"
+        source = (
+            f"--context-length {ctx} of {server.source[:60]}"
+            if server
+            else f"the target's max_position_embeddings ({ctx}, SGLang's default context)"
+        )
         if mpe is None:
-            out.append(Finding("context_length", "warning", "max_position_embeddings is missing from config.json",
-                               "SGLang compares it with the server's context length at start-up", _config_fix("max_position_embeddings", int(ctx)), where))
+            out.append(
+                Finding(
+                    "context_length",
+                    "warning",
+                    "max_position_embeddings is missing from config.json",
+                    "SGLang compares it with the server's context length at start-up",
+                    _config_fix("max_position_embeddings", int(ctx)),
+                    where,
+                )
+            )
         elif int(mpe) < int(ctx):
             allowed = server is not None and server.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
             fix = _config_fix("max_position_embeddings", int(ctx))
@@ -50,7 +61,9 @@ def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
                 + (" (set here: the draft will see positions it was never configured for)" if allowed else ""),
                 fix, where))
         else:
-            out.append(Finding("context_length", "ok", f"max_position_embeddings {mpe} >= context length {ctx}", where=where))
+            out.append(
+                Finding("context_length", "ok", f"max_position_embeddings {mpe} >= context length {ctx}", where=where)
+            )
     return out
 
 
@@ -70,24 +83,36 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
             assumed = " (draft folder not readable here: assuming an EAGLE-3 draft)"
         eagle3_draft = served is None or served.uses_aux
         if eagle3_draft and algo != "EAGLE3":
-            fix = set_flag(s.command, "--speculative-algorithm", "EAGLE3") if s.command else "restart the server with --speculative-algorithm EAGLE3"
+            fix = (
+                set_flag(s.command, "--speculative-algorithm", "EAGLE3")
+                if s.command
+                else "restart the server with --speculative-algorithm EAGLE3"
+            )
             out.append(Finding(
                 "algorithm", "error", f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}",
                 "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final hidden state "
-                "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and acceptance "
+                "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and "
+                "acceptance "
                 "length sits at ~1.0 with no error",
                 fix, s.source))
         elif not eagle3_draft and algo == "EAGLE3":
-            fix = set_flag(s.command, "--speculative-algorithm", "EAGLE") if s.command else "restart the server with --speculative-algorithm EAGLE"
+            fix = (
+                set_flag(s.command, "--speculative-algorithm", "EAGLE")
+                if s.command
+                else "restart the server with --speculative-algorithm EAGLE"
+            )
             out.append(Finding(
                 "algorithm", "error", "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
                 "EAGLE3 sends a 3H-wide concatenation the draft has no fc for", fix, s.source))
         elif not eagle3_draft and algo == "EAGLE" and "lm_head.weight" in served.tensors:
             out.append(Finding(
-                "algorithm", "warning", "an EAGLE-1-style draft with its own lm_head served with --speculative-algorithm EAGLE",
+                "algorithm", "warning", "an EAGLE-1-style draft with its own lm_head served with "
+                                        "--speculative-algorithm EAGLE",
                 "in EAGLE mode SGLang replaces the draft's lm_head and d2t with the target's head, so the head this "
-                "draft was trained with is not used (draftlab's EAGLE-1-style draft is an ablation for the reference engine)",
-                "measure it with draftlab.engine, or train and serve an EAGLE-3 draft with --speculative-algorithm EAGLE3",
+                "draft was trained with is not used (draftlab's EAGLE-1-style draft is an ablation for the reference "
+                "engine)",
+                "measure it with draftlab.engine, or train and serve an EAGLE-3 draft with --speculative-algorithm "
+                "EAGLE3",
                 s.source))
         else:
             out.append(Finding("algorithm", "ok", f"--speculative-algorithm {algo} fits the draft", where=s.source))
@@ -96,11 +121,19 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
                 "algorithm", "error", f"--speculative-algorithm {algo} without --speculative-draft-model-path",
                 "SGLang needs the draft folder for EAGLE-family algorithms",
                 set_flag(s.command, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"), s.source))
-        elif d is not None and s.draft_model_path and Path(s.draft_model_path).exists() and Path(s.draft_model_path).resolve() != d.folder.resolve():
-            out.append(Finding(
-                "algorithm", "warning", f"the server loads the draft from {s.draft_model_path}, not the checked {d.folder}",
-                "doctor checked another folder than the one the server will load",
-                f"run doctor with --draft {s.draft_model_path}, or point --speculative-draft-model-path at {d.folder}", s.source))
+        elif (d is not None and s.draft_model_path and Path(s.draft_model_path).exists()
+              and Path(s.draft_model_path).resolve() != d.folder.resolve()):
+            out.append(
+                Finding(
+                    "algorithm",
+                    "warning",
+                    f"the server loads the draft from {s.draft_model_path}, not the checked {d.folder}",
+                    "doctor checked another folder than the one the server will load",
+                    f"run doctor with --draft {s.draft_model_path}, or point --speculative-draft-model-path at "
+                    f"{d.folder}",
+                    s.source,
+                )
+            )
     return out
 
 
@@ -111,15 +144,21 @@ def check_topk_draft_tokens(servers: list) -> list:
             continue
         want = s.num_steps + 1
         if s.num_draft_tokens != want:
-            fix = set_flag(s.command, "--speculative-num-draft-tokens", want) if s.command else f"--speculative-num-draft-tokens {want}"
+            fix = (
+                set_flag(s.command, "--speculative-num-draft-tokens", want)
+                if s.command
+                else f"--speculative-num-draft-tokens {want}"
+            )
             out.append(Finding(
                 "topk_draft_tokens", "warning",
-                f"--speculative-eagle-topk 1 with --speculative-num-draft-tokens {s.num_draft_tokens} != steps + 1 = {want}",
+                f"--speculative-eagle-topk 1 with --speculative-num-draft-tokens {s.num_draft_tokens} != steps + 1 = "
+                f"{want}",
                 f"with topk 1 SGLang forces num_draft_tokens = steps + 1 = {want}: the value you give is ignored, and "
                 "anything recorded from the command (benchmark tables) is wrong",
                 fix, s.source))
         else:
-            out.append(Finding("topk_draft_tokens", "ok", f"topk 1, {s.num_steps} steps, {s.num_draft_tokens} draft tokens", where=s.source))
+            out.append(Finding("topk_draft_tokens", "ok", f"topk 1, {s.num_steps} steps, {s.num_draft_tokens} draft "
+                                                          "tokens", where=s.source))
     return out
 
 
@@ -129,7 +168,8 @@ def check_max_running_requests(servers: list) -> list:
         return []
     values = [(s, s.effective_max_running_requests) for s in servers]
     if len({v for _, v in values}) == 1:
-        return [Finding("max_running_requests", "ok", f"all {len(servers)} servers run with --max-running-requests {values[0][1]}",
+        return [Finding("max_running_requests", "ok", f"all {len(servers)} servers run with --max-running-requests "
+                                                      f"{values[0][1]}",
                         where="; ".join(s.source[:40] for s in servers))]
     explicit = [s.max_running_requests for s in servers if s.max_running_requests is not None]
     value = min(explicit) if explicit else 48
@@ -152,7 +192,8 @@ def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: lis
     findings += check_algorithm(draft, servers)
     if draft is not None:
         for note in draft.notes:
-            findings.append(Finding("files", "warning", note, "SGLang loads every safetensors file; the contract ships one",
+            findings.append(Finding("files", "warning", note, "SGLang loads every safetensors file; the contract "
+                                                              "ships one",
                                     "save one model.safetensors", str(draft.folder)))
         findings += check_architecture(draft)
     if draft is not None and target is not None:

@@ -27,7 +27,8 @@ def add_doctor_parser(subparsers) -> argparse.ArgumentParser:
         description="Static checks read config.json and safetensors headers only. Exit 1 on any error finding, "
                     "2 on unreadable input.")
     ap.add_argument("--draft", help="exported draft folder (config.json + model.safetensors)")
-    ap.add_argument("--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json only)")
+    ap.add_argument("--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json "
+                                     "only)")
     ap.add_argument("--launch", action="append", default=[], metavar="CMD",
                     help="SGLang launch command (repeat for a baseline and a speculative server)")
     ap.add_argument("--server-info", action="append", default=[], metavar="FILE",

@@ -37,7 +37,8 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
     if target is None:  # the served model, when a launch command or server_info names it
         target = next((s.model_path for s in servers if s.model_path), None)
         if draft is not None and target is None:
-            raise DoctorInputError("--target", "needed with --draft (a model folder, config.json, embedded, tiny or a Hub id)")
+            raise DoctorInputError("--target", "needed with --draft (a model folder, config.json, embedded, tiny or a "
+                                               "Hub id)")
     draft_files = read_draft(draft) if draft else None
     target_info = load_target_info(target) if (target and draft_files is not None) else None
     findings = run_checks(draft_files, target_info, servers)
@@ -114,13 +115,15 @@ def format_probe(report) -> str:
     s = report.settings
     if s is not None:
         lines.append(f"  server_info ({report.server_info_endpoint}): algorithm {s.speculative_algorithm or 'none'}, "
-                     f"draft {s.draft_model_path}, steps {s.num_steps}, topk {s.eagle_topk}, draft tokens {s.num_draft_tokens}, "
+                     f"draft {s.draft_model_path}, steps {s.num_steps}, topk {s.eagle_topk}, draft tokens "
+                     f"{s.num_draft_tokens}, "
                      f"max running requests {s.max_running_requests}")
     else:
         lines.append("  server_info: not available")
     acc = report.acceptance_length
     lines.append(f"  requests via {report.endpoint}: " + (f"acceptance length {acc:.3f} ({report.acceptance_note})"
-                                                         if acc is not None else f"acceptance length {report.acceptance_note}"))
+                                                         if acc is not None else f"acceptance length "
+                                                                                 f"{report.acceptance_note}"))
     if report.lifetime_accept_length is not None:
         lines.append(f"  server lifetime avg_spec_accept_length {report.lifetime_accept_length:.3f}")
     for err in report.errors:

@@ -100,7 +100,11 @@ def read_draft(folder) -> DraftFiles:
     if not folder.is_dir():
         raise DoctorInputError(folder, "draft folder not found")
     config = read_json(folder / "config.json")
-    files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else sorted(folder.glob("*.safetensors"))
+    files = (
+        [folder / "model.safetensors"]
+        if (folder / "model.safetensors").is_file()
+        else sorted(folder.glob("*.safetensors"))
+    )
     if not files:
         other = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
         hint = f" (found {', '.join(other)}: draftlab reads safetensors only)" if other else ""
@@ -186,14 +190,16 @@ def load_target_info(spec: str) -> TargetInfo:
             raise DoctorInputError(spec, str(exc)) from exc
         return TargetInfo(str(spec), folder / "config.json", read_json(folder / "config.json"))
     if path.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
-        raise DoctorInputError(spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub id)")
+        raise DoctorInputError(spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub "
+                                     "id)")
     from huggingface_hub import hf_hub_download
 
     try:
         local = hf_hub_download(repo_id=str(spec), filename="config.json")
     except Exception as exc:  # offline, gated, or no such repository
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub ({type(exc).__name__}: {msg})") from exc
+        raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub "
+                                     f"({type(exc).__name__}: {msg})") from exc
     return TargetInfo(str(spec), Path(local), read_json(Path(local)))
 
 

@@ -134,7 +134,9 @@ def _chat(client, base, model, prompt, max_tokens):
 
 def _generate(client, base, prompt, max_tokens):
     """One greedy request to SGLang's native /generate (meta_info is always returned there)."""
-    r = client.post(base + "/generate", json={"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens}})
+    r = client.post(
+        base + "/generate", json={"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens}}
+    )
     r.raise_for_status()
     body = r.json()
     body = body[0] if isinstance(body, list) else body
@@ -202,12 +204,14 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
             causes.append(Cause(0.9, "the server is not speculating", "server_info has no speculative_algorithm",
                                 "start it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT"))
         elif s is None:
-            causes.append(Cause(0.8, "not an SGLang server (or an old one)", "no /server_info and no spec fields in the answers",
+            causes.append(Cause(0.8, "not an SGLang server (or an old one)", "no /server_info and no spec fields in "
+                                                                             "the answers",
                                 "probe the SGLang server; other engines do not report spec_verify_ct"))
         return causes
     if not report.collapsed:
         if s and s.num_steps and report.acceptance_length > s.num_steps + 1 + 1e-6:
-            causes.append(Cause(0.9, "impossible acceptance length", f"{report.acceptance_length:.2f} > steps + 1 = {s.num_steps + 1}",
+            causes.append(Cause(0.9, "impossible acceptance length", f"{report.acceptance_length:.2f} > steps + 1 = "
+                                                                     f"{s.num_steps + 1}",
                                 "check that completion_tokens and spec_verify_ct come from the same requests"))
         return causes
     eagle3_draft = None
@@ -215,15 +219,24 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
         eagle3_draft = bool(draft.uses_aux)
     if algo == "EAGLE" and eagle3_draft:
         causes.append(Cause(0.95, "EAGLE-3 draft served with --speculative-algorithm EAGLE",
-                            f"server_info speculative_algorithm EAGLE; the draft {draft.folder} is an EAGLE-3 export (fc over 3 x H)",
-                            "restart with --speculative-algorithm EAGLE3 (the target then sends the three aux layers and fc runs)"))
+                            f"server_info speculative_algorithm EAGLE; the draft {draft.folder} is an EAGLE-3 export "
+                            "(fc over 3 x H)",
+                            "restart with --speculative-algorithm EAGLE3 (the target then sends the three aux layers "
+                            "and fc runs)"))
     elif algo == "EAGLE":
         causes.append(Cause(0.7, "--speculative-algorithm EAGLE with what may be an EAGLE-3 draft",
                             f"server_info speculative_algorithm EAGLE, draft {s.draft_model_path}",
-                            "if the draft's config.json says LlamaForCausalLMEagle3, restart with --speculative-algorithm EAGLE3"))
+                            "if the draft's config.json says LlamaForCausalLMEagle3, restart with "
+                            "--speculative-algorithm EAGLE3"))
     if s and s.num_draft_tokens is not None and s.num_draft_tokens <= 1:
-        causes.append(Cause(0.8, "one draft token per step", f"speculative_num_draft_tokens {s.num_draft_tokens}",
-                            "use --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"))
+        causes.append(
+            Cause(
+                0.8,
+                "one draft token per step",
+                f"speculative_num_draft_tokens {s.num_draft_tokens}",
+                "use --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+            )
+        )
     if draft is not None:
         for f in run_checks(draft, target, [s] if s else []):
             if f.severity == "error" and f.check != "algorithm":

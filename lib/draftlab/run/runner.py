@@ -73,10 +73,12 @@ def resolve_parameters(notebooks: list[Path], profile: dict, overrides: dict, pr
         if section == "common":
             for key in values:
                 if key not in union:
-                    raise ParameterError(f"params/{profile_name}.yaml common: unknown parameter {key}{_suggest(key, union)}")
+                    raise ParameterError(f"params/{profile_name}.yaml common: unknown parameter "
+                                         f"{key}{_suggest(key, union)}")
             continue
         if section not in every:
-            raise ParameterError(f"params/{profile_name}.yaml: section {section!r} names no notebook{_suggest(section, every)}")
+            raise ParameterError(f"params/{profile_name}.yaml: section {section!r} names no "
+                                 f"notebook{_suggest(section, every)}")
         for key in values:
             if key not in every[section]:
                 raise ParameterError(
@@ -164,7 +166,9 @@ def run_notebooks(
 
 
 def _record_timings(run_dir: Path, timings: dict) -> None:
-    merge_metrics(run_dir, "_run", {"notebook_seconds": dict(timings), "total_seconds": round(sum(timings.values()), 1)})
+    merge_metrics(
+        run_dir, "_run", {"notebook_seconds": dict(timings), "total_seconds": round(sum(timings.values()), 1)}
+    )
 
 
 def parse_overrides(pairs: list[list[str]] | None) -> dict:

@@ -44,7 +44,9 @@ def _train_main(args) -> int:
     if args.export and rank == 0 and result["finished"]:
         export_draft(result["draft"], args.export, max_position_embeddings=result["target"].max_position_embeddings)
         problems = validate(args.export, result["target"], allow_eagle1=not result["draft"].use_aux)
-        print(f"exported {args.export}: " + ("conforms to the EAGLE-3 contract" if not problems else "; ".join(problems)))
+        print(
+            f"exported {args.export}: " + ("conforms to the EAGLE-3 contract" if not problems else "; ".join(problems))
+        )
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
@@ -53,7 +55,8 @@ def _train_main(args) -> int:
 def add_export_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab export`: a training checkpoint -> SGLang folder, then validate it."""
     ap = subparsers.add_parser("export", help="export a trained draft in SGLang's EAGLE-3 format and validate it")
-    ap.add_argument("checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir (latest)")
+    ap.add_argument("checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir "
+                                       "(latest)")
     ap.add_argument("out", help="output folder (config.json + model.safetensors)")
     ap.add_argument("--target", default=None, help="target spec (default: the one the checkpoint was trained with)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

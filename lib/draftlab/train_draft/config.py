@@ -47,7 +47,9 @@ class TrainConfig:
     seed: int = 0
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)
-    attention: str = "auto"  # SDPA kernel: auto (torch's choice, cuDNN's off on CUDA) | cudnn | efficient | flash | math
+    attention: str = (
+        "auto"  # SDPA kernel: auto (torch's choice, cuDNN's off on CUDA) | cudnn | efficient | flash | math
+    )
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

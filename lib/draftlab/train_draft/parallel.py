@@ -82,7 +82,8 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
     if len(set(archs)) != len(archs) or len({c.out_dir for c in cfgs}) != len(cfgs):
         raise ValueError(f"side-by-side training needs one config per arch and folder, got {archs}")
     if any(c.hidden == "offline" for c in cfgs):
-        raise ValueError("side-by-side training needs hidden='online' (offline shards would be written by every process)")
+        raise ValueError("side-by-side training needs hidden='online' (offline shards would be written by every "
+                         "process)")
     tokenizer = target.tokenizer if target is not None else load_tokenizer(str(resolve_path(cfgs[0].target)))
     for c in cfgs:  # the children find these in the cache
         cache = Path(c.out_dir).parent / "tokens"
