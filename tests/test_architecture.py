@@ -68,6 +68,7 @@ def top(module: str) -> str:
 
 
 def edges():
+    """(importing module, imported module, names, inside a function?, where) over lib/draftlab."""
     known = modules()
     for name, path in known.items():
         for module, names, lazy, line in draftlab_imports(path):
@@ -98,12 +99,17 @@ def test_layers_and_stage_order():
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycles():
+def import_graph() -> dict[str, set]:
     graph: dict[str, set] = {}
     for src, dst, *_ in edges():
         if dst != src and dst != "draftlab":
             graph.setdefault(src, set()).add(dst)
-    index, low, stack, on, cycles = {}, {}, [], set(), []
+    return graph
+
+
+def strongly_connected(graph: dict[str, set]) -> list[list[str]]:
+    """The groups of more than one module that import each other, directly or not (Tarjan)."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
 
     def strong(v):
         index[v] = low[v] = len(index)
@@ -116,19 +122,24 @@ def test_no_import_cycles():
             elif w in on:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            comp = []
+            group = []
             while True:
                 w = stack.pop()
                 on.discard(w)
-                comp.append(w)
+                group.append(w)
                 if w == v:
                     break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
+            if len(group) > 1:
+                groups.append(sorted(group))
 
     for v in list(graph):
         if v not in index:
             strong(v)
+    return groups
+
+
+def test_no_import_cycles():
+    cycles = strongly_connected(import_graph())
     assert not cycles, cycles
 
 
