@@ -26,10 +26,9 @@ class SpecConfig:
     max_new_tokens: int = 128
     cuda_graphs: bool | None = None  # None: on when the target is on CUDA
     # Pad each prompt's prefill to a multiple of this many tokens, so that a few CUDA graphs serve
-    # every prompt (on the H200 the embedded target's eager prefill took 21 ms a prompt, 4% of a
-    # 128-token greedy decode and 9% of a speculative one; graphed, 4.8 ms). The padding's KV lands
-    # in slots that the mask hides until a later step overwrites them. None: 64 on CUDA, 0
-    # (exact lengths) elsewhere.
+    # every prompt: an eager prefill is a visible share of a short decode (LOG.md, 2026-12-01,
+    # "graphed prefill"). The padding's KV lands in slots that the mask hides until a later step
+    # overwrites them. None: 64 on CUDA, 0 (exact lengths) elsewhere.
     prefill_bucket: int | None = None
 
     def __post_init__(self):

@@ -1,8 +1,8 @@
 """The batch backend of regeneration: static large-batch `model.generate`, no server.
 
-On one H200 transformers is launch-bound (~100-130 ms a decode step at any batch), so a server
-with continuous batching tops out near 3K tok/s while plain `generate` at batch 4,096 reached
-30K tok/s (platform notes). This backend writes exactly the records of the server backend
+On a GPU transformers is launch-bound (a decode step costs about the same at any batch), so a
+server with continuous batching tops out far below plain `generate` at a batch of thousands
+(figures in LOG.md). This backend writes exactly the records of the server backend
 (`draftlab.regenerate`: shards, dropped.jsonl, errors.jsonl, manifest.json, resume by id,
 tqdm progress, `draftlab monitor`), with `meta.regen.backend == "batch"`.
 
@@ -226,7 +226,7 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
         gen_kw["cache_implementation"] = "static"
     cuda = str(target.device).startswith("cuda")
     # one untimed call first: CUDA context, kernels and allocator pools would otherwise be charged to
-    # the first size (measured on the H200: batch 2,048 at 177 ms a step when first, 4,096 at 132 after)
+    # the first size (LOG.md, the reference run's batch-size sweep: batch 2,048, run first without it)
     warm = tok(texts[len(texts) // 2: len(texts) // 2 + 8], return_tensors="pt", padding=True,
                add_special_tokens=False).to(target.device)
     with torch.inference_mode():

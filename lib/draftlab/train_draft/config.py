@@ -21,7 +21,7 @@ class TrainConfig:
     capture_layers: list = field(default_factory=list)  # empty: SGLang default [2, N//2, N-3]
     draft_vocab_size: int = 32000
     intermediate_size: int = 0  # 0: the target's
-    init_from_target: bool = False  # lm_head rows and final norm copied from the target (measured worse on quick)
+    init_from_target: bool = False  # lm_head rows and final norm from the target (worse on quick: notes/issue5.md)
     max_len: int = 2048  # tokens per conversation
     overlong: str = "truncate"  # or "drop"
     max_train_samples: int = 0  # 0: all
