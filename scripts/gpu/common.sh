@@ -24,7 +24,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OF
 export DRAFTLAB_CACHE=$DL/cache DRAFTLAB_EMBEDDED_GGUF=$DL/model.gguf
 export PYTHONPATH=$REPO/lib:$SITE${PYTHONPATH:+:$PYTHONPATH}
 export MPLBACKEND=Agg
-EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
+EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/model/target.py)
 # Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
 # STAGES="..." (env) runs another list; P<NN>="-p KEY VALUE ..." adds overrides to stage NN.
 read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 06 05 07}"
@@ -54,7 +54,7 @@ ensure_gguf() {
   fi
   cat "$aa" .device/b/part-ab > "$DL/model.gguf"
   (cd "$DL" && echo "$EMBEDDED_SHA256  model.gguf" | sha256sum -c -) || { rm -f "$DL/model.gguf"; return 1; }
-  cmp -s <(cut -d' ' -f1 .device/b/model.gguf.sha256) <(echo "$EMBEDDED_SHA256") || say "note: .device/b/model.gguf.sha256 differs from target.py's EMBEDDED_SHA256"
+  cmp -s <(cut -d' ' -f1 .device/b/model.gguf.sha256) <(echo "$EMBEDDED_SHA256") || say "note: .device/b/model.gguf.sha256 differs from model/target.py's EMBEDDED_SHA256"
   touch "$DL/model.gguf.ok"
 }
 
