@@ -32,9 +32,9 @@ demo: setup
 test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts
+## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts, benchmarks
 lint: setup
-	$(VENV)/bin/ruff check lib tests notebooks scripts
+	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root)
 lab: setup

@@ -5,7 +5,7 @@ real batches come in a new (B, L) shape almost every step, and a GPU pays for ke
 shape. Random weights in the target's shape (timing does not depend on them), the real tokenizer
 and conversations, so this needs no GGUF.
 
-  python3 scripts/gpu/bench_train_shapes.py BENCH_DIR PAD_MULTIPLE STEPS OUT_JSON [--attention auto]
+  python3 benchmarks/bench_train_shapes.py BENCH_DIR PAD_MULTIPLE STEPS OUT_JSON [--attention auto]
 
 BENCH_DIR holds config.json and the tokenizer files of the target, and train.jsonl.
 """

@@ -1,6 +1,6 @@
 """Finish a reference run folder: merged params.yaml, summary.json (issue 8's headline keys) and README.md.
 
-Usage: python3 scripts/gpu/summary.py RUN_DIR   (pack.sh runs it on the GPU machine; it also runs here)
+Usage: python3 -m draftlab.run.summary RUN_DIR   (pack.sh runs it on the GPU machine; it also runs here)
 
 Every number comes from RUN_DIR/metrics.json as the notebooks wrote it; a key whose measurement is
 missing is null and named on stderr, never filled in. `sources` in summary.json says which

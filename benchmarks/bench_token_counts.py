@@ -3,7 +3,7 @@
 Why: the per-row version spent ~345 s on the H200 machine when two trainings ran side by side
 (results/h200-profile-2026-11-30/setup-trace/). Run two copies at once to oversubscribe the cores:
 
-  PYTHONPATH=lib .venv/bin/python scripts/bench_token_counts.py {old,new} THREADS RUN/train/tokens/train-*/data
+  PYTHONPATH=lib .venv/bin/python benchmarks/bench_token_counts.py {old,new} THREADS RUN/train/tokens/train-*/data
 """
 
 import sys

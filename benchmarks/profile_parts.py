@@ -4,7 +4,7 @@ Why: a training step ran ~0.5 s for 16K tokens (25 TFLOP/s, far under the H200),
 reference engine's cycle jumped from 6.6 ms (S=5) to 9.6 ms (S=6). Timings do not depend on
 the weights, so this needs neither the GGUF nor the data: only the target's config.json.
 
-  python3 scripts/gpu/profile_parts.py CONFIG_JSON OUT_DIR [--parts train,spec,verify]
+  python3 benchmarks/profile_parts.py CONFIG_JSON OUT_DIR [--parts train,spec,verify]
 
 `verify` times the target's graphed forward alone by number of new tokens (1-64), in fp32 and
 bf16, with the engine's additive mask and with a bool one: the fp32 chain's drop at S = 6.

@@ -1,7 +1,8 @@
 """Prompt-lookup acceptance on regenerated conversations (their answers are the target's greedy
 output, re-tokenised from text: close to, not exactly, the decoded tokens).
 
-  .venv/bin/python scripts/lookup_baseline.py RUN/data/regen/val.jsonl [--rows 200] [--max-tokens 128] [--steps 1,3,6]
+  .venv/bin/python benchmarks/lookup_baseline.py RUN/data/regen/val.jsonl
+      [--rows 200] [--max-tokens 128] [--steps 1,3,6]
 """
 
 import argparse

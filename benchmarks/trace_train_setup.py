@@ -4,7 +4,7 @@ side-by-side children each took ~345 s before their first step; the same set-up 
 every thread's stack every DUMP_S seconds to stderr (so a call killed at its limit still shows
 where it was) and writes a cProfile table sorted by cumulative time.
 
-  python3 scripts/gpu/trace_train_setup.py RUN_DIR ARCH OUT_TXT [--stop 2] [--dump-s 20] [--device cuda]
+  python3 benchmarks/trace_train_setup.py RUN_DIR ARCH OUT_TXT [--stop 2] [--dump-s 20] [--device cuda]
 """
 
 from __future__ import annotations
