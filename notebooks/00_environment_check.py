@@ -28,8 +28,8 @@ DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 
 # %%
-from draftlab import notebook as nb
-from draftlab import environment
+from draftlab.environment_check import environment
+from draftlab.run import notebook as nb
 
 run = nb.start("00_environment_check", globals())
 

@@ -28,7 +28,7 @@ DEVICE = "auto"  # auto | cpu | cuda (not used here)
 SEED = 0  # random seed for everything in this notebook
 CATALOG = "data/catalog.yaml"  # the catalog snapshot
 LIVE = False  # search the Hub too (falls back to the snapshot, saying so, when it does not answer)
-KEYWORDS = ["code instruct", "code feedback", "code alpaca", "sharegpt", "agent trajectories", "commitpack"]  # Hub search terms
+KEYWORDS = ["code instruct", "code feedback", "code alpaca", "sharegpt", "agent trajectories", "commitpack"]  # search
 HUB_LIMIT = 20  # datasets per keyword, sorted by downloads
 HUB_TIMEOUT_S = 3.0  # seconds to wait for the Hub before using the snapshot
 DOMAIN = "code"  # workload: code | agentic | chat | reasoning
@@ -41,8 +41,8 @@ import json
 
 import pandas as pd
 
-from draftlab import catalog
-from draftlab import notebook as nb
+from draftlab.dataset_discovery import catalog
+from draftlab.run import notebook as nb
 
 run = nb.start("01_dataset_discovery", globals())
 out_dir = run.data("catalog")

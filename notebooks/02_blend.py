@@ -36,7 +36,7 @@ EXAMPLES = 3  # example prompts to print per split
 import pandas as pd
 
 from draftlab import blend
-from draftlab import notebook as nb
+from draftlab.run import notebook as nb
 
 run = nb.start("02_blend", globals())
 out_dir = run.data("blend")
@@ -72,7 +72,8 @@ nb.save_figure(run, fig, "report")
 # %%
 for split in blend.SPLITS:
     for row in blend.read_blend(out_dir, split)[:EXAMPLES]:
-        print(f"[{split} · {row['source']} · {row['meta']['n_tokens']} tokens]\n{row['messages'][-1]['content'][:400]}\n")
+        print(f"[{split} · {row['source']} · {row['meta']['n_tokens']} tokens]")
+        print(f"{row['messages'][-1]['content'][:400]}\n")
 
 # %%
 nb.save_metrics(run, {

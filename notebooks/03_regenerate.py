@@ -49,10 +49,12 @@ BATCH_SIZE = 1024  # rows per generate call (batch backend)
 BATCH_TOKENS = 0  # padded tokens per generate call at most (batch backend; bounds GPU memory); 0: no limit
 
 # %%
-from draftlab import notebook as nb
-from draftlab import monitor, regenerate as rg
-from draftlab.target import load_tokenizer
 import pandas as pd
+
+from draftlab import regenerate as rg
+from draftlab.model.target import load_tokenizer
+from draftlab.regenerate import monitor
+from draftlab.run import notebook as nb
 
 run = nb.start("03_regenerate", globals())
 
@@ -67,7 +69,8 @@ if missing:
     raise FileNotFoundError(f"{missing}: missing; run notebook 02_blend first")
 limits = {"train": MAX_TRAIN_ROWS, "val": MAX_VAL_ROWS}
 source_rows = {split: rg.load_conversations(path, limits.get(split, 0)) for split, path in inputs.items()}
-pd.DataFrame({split: {"rows": len(rows), "multi-turn": sum(sum(m["role"] == "assistant" for m in r["messages"]) > 1 for r in rows)}
+pd.DataFrame({split: {"rows": len(rows),
+                      "multi-turn": sum(sum(m["role"] == "assistant" for m in r["messages"]) > 1 for r in rows)}
               for split, rows in source_rows.items()})
 
 # %% [markdown]
@@ -130,7 +133,8 @@ nb.save_metrics(run, {
     "server_startup_s": report["server_startup_s"],
     "config": {k: getattr(config, k) for k in rg.IDENTITY_FIELDS},
     "splits": {split: {k: s[k] for k in ("rows_total", "rows_done", "rows_dropped_truncated", "rows_kept_truncated",
-                                         "rows_error", "completion_tokens", "tok_s", "wall_s", "finish_reasons", "retries")}
+                                         "rows_error", "completion_tokens", "tok_s", "wall_s", "finish_reasons",
+                                         "retries")}
                for split, s in report["splits"].items()},
     "finish_reasons": finish,
     "answer_tokens_mean": {k: (sum(v) / len(v) if v else None) for k, v in lengths.items()},

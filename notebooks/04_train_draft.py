@@ -50,16 +50,12 @@ RESUME = True  # continue an interrupted (or reuse a finished) training in RUN_D
 EXPORT_DTYPE = "bfloat16"  # dtype of the exported weights
 
 # %%
-import json
 
 import pandas as pd
 
-from draftlab import notebook as nb
-from draftlab.chat_data import split_holdout
-from draftlab.export import export_draft, validate
-from draftlab.target import load_target
-from draftlab.train import TrainConfig, plot_step_accuracy, plot_training, train
-from draftlab.train_parallel import train_side_by_side
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
+from draftlab.train_draft import plot_step_accuracy, plot_training, stage
 
 run = nb.start("04_train_draft", globals())
 
@@ -69,12 +65,7 @@ run = nb.start("04_train_draft", globals())
 # `VAL_SAMPLES` conversations of `train.jsonl` are held out (seeded) instead.
 
 # %%
-regen = run.dir / "data" / "regen"
-if not (regen / "train.jsonl").is_file():
-    raise FileNotFoundError(f"{regen / 'train.jsonl'}: missing; run notebook 03_regenerate first")
-train_file, val_file = regen / "train.jsonl", regen / "val.jsonl"
-if not val_file.is_file():
-    train_file, val_file = split_holdout(train_file, VAL_SAMPLES, run.dir / "train" / "holdout", SEED)
+train_file, val_file = stage.training_inputs(run.dir, VAL_SAMPLES, SEED)
 print(f"train: {train_file}\nval:   {val_file}")
 target = load_target(TARGET, device=run.device)
 print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}, "
@@ -82,9 +73,9 @@ print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_
 
 # %% [markdown]
 # ## 2 · Training (TTT) for each architecture, then export and validation
-# Both architectures use the same code path (`draftlab.train.train`); with `HIDDEN = "offline"`
+# Both architectures use the same code path (`draftlab.train_draft.train`); with `HIDDEN = "offline"`
 # the target's states are computed once into `RUN_DIR/train/hidden/` and reused by both.
-# Each export is checked by `draftlab.export.validate` (config.json + safetensors header only).
+# Each export is checked by `draftlab.model.export.validate` (config.json + safetensors header only).
 
 # %%
 recipe = dict(
@@ -94,33 +85,12 @@ recipe = dict(
     batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN,
     eval_every=EVAL_EVERY, save_every=SAVE_EVERY, log_every=max(1, EVAL_EVERY // 5), seed=SEED,
 )
-configs = {arch: TrainConfig(**recipe, arch=arch, out_dir=str(run.dir / "train" / arch)) for arch in ARCHS}
-results, exports = {}, {}
-if SIDE_BY_SIDE and len(ARCHS) > 1:  # one process per arch on the same device (logs: train/<arch>/train.log)
-    try:
-        results = train_side_by_side(list(configs.values()), resume=RESUME, target=target)
-    except RuntimeError as exc:  # one after the other below (RESUME picks up their checkpoints)
-        print(f"side-by-side training failed; training one after the other: {str(exc)[:1500]}")
-for arch in ARCHS:
-    if arch not in results:  # one after the other, each exported as soon as it is trained
-        results[arch] = train(configs[arch], resume=RESUME, target=target)
-    out = run.dir / "drafts" / arch
-    export_draft(results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings,
-                 dtype=EXPORT_DTYPE)
-    exports[arch] = validate(out, target, allow_eagle1=arch == "eagle1")
-    print(f"{arch}: exported to {out}: " + ("conforms to the contract" if not exports[arch] else str(exports[arch])))
+configs = stage.train_configs(run.dir, ARCHS, recipe)
+# SIDE_BY_SIDE: one process per arch on the same device (logs: train/<arch>/train.log)
+results, exports = stage.train_and_export(configs, target, run.dir, SIDE_BY_SIDE, RESUME, EXPORT_DTYPE)
 
 # %%
-summary = pd.DataFrame({
-    arch: {"steps": r["steps"], "train conversations": r["train_stats"]["kept"],
-           "truncated": r["train_stats"]["truncated"],
-           "dropped (overlong / no assistant)": f"{r['train_stats']['dropped_overlong']} / "
-                                                f"{r['train_stats']['dropped_no_assistant']}",
-           "train tokens": r["train_tokens"], "vocab coverage": round(r["vocab_coverage"], 4),
-           "wall s (this call)": round(r["elapsed_s"], 1), "wall s (all calls)": round(r["elapsed_total_s"], 1),
-           **{k: round(v, 4) for k, v in (r["eval"] or {}).items() if k != "step"}}
-    for arch, r in results.items()
-})
+summary = pd.DataFrame(stage.summary(results))
 summary
 
 # %% [markdown]
@@ -139,20 +109,13 @@ fig = plot_step_accuracy({arch: r["eval"] for arch, r in results.items() if r["e
 nb.save_figure(run, fig, "step_accuracy")
 
 # %%
-nb.save_metrics(run, {
-    arch: {"eval": r["eval"], "steps": r["steps"], "finished": r["finished"], "train_stats": r["train_stats"],
-           "val_stats": r["val_stats"], "train_tokens": r["train_tokens"], "vocab_coverage": r["vocab_coverage"],
-           "elapsed_s": r["elapsed_s"], "elapsed_total_s": r["elapsed_total_s"],
-           "resumed_from_step": r["resumed_from_step"], "tokens_per_s": r["tokens_per_s"],
-           "export_dir": str(run.dir / "drafts" / arch), "export_deviations": exports[arch],
-           "settings": {"ttt_steps": TTT_STEPS, "draft_vocab_size": DRAFT_VOCAB_SIZE, "epochs": EPOCHS,
-                        "max_len": MAX_LEN, "hidden": HIDDEN, "lr": LR}}
-    for arch, r in results.items()
-})
+nb.save_metrics(run, stage.metrics(results, exports, run.dir,
+                                   {"ttt_steps": TTT_STEPS, "draft_vocab_size": DRAFT_VOCAB_SIZE, "epochs": EPOCHS,
+                                    "max_len": MAX_LEN, "hidden": HIDDEN, "lr": LR}))
 
 # %% [markdown]
 # ## Findings
-# - Both exports pass `draftlab.export.validate` (the line printed under section 2 says so, and
+# - Both exports pass `draftlab.model.export.validate` (the line printed under section 2 says so, and
 #   `export_deviations` in `metrics.json` is empty); the EAGLE-1-style folder is for the ablation
 #   only: it has no `fc`, and SGLang's EAGLE3 cannot serve it.
 # - Reference quick run on the CPU (2026-11-29; 48 HumanEval-style conversations, one epoch,

@@ -40,11 +40,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftlab import notebook as nb
-from draftlab import doctor, doctor_cases
-from draftlab.doctor_checks import load_target_info
-from draftlab.serve import sglang_commands
-from draftlab.target import load_target, repo_root
+from draftlab.core.paths import repo_root
+from draftlab.core.serve import sglang_commands
+from draftlab.flag_diagnosis import cases as doctor_cases
+from draftlab.flag_diagnosis import doctor, reproduce
+from draftlab.flag_diagnosis.inputs import load_target_info
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
 
 run = nb.start("05_flag_diagnosis", globals())
 work = run.data("05_flag_diagnosis")
@@ -52,7 +54,7 @@ deploy_config = Path(DEPLOY_CONFIG) if Path(DEPLOY_CONFIG).is_absolute() else re
 
 # %% [markdown]
 # ## 1 · The draft under test, checked with the commands draftlab prints for it
-# `draftlab.serve.sglang_commands` writes the baseline and EAGLE3 launch lines; doctor checks the
+# `draftlab.core.serve.sglang_commands` writes the baseline and EAGLE3 launch lines; doctor checks the
 # draft folder (config.json + safetensors header only) against the target and those lines.
 
 # %%
@@ -67,7 +69,7 @@ doctor.findings_table(result["findings"])
 
 # %% [markdown]
 # SGLang's `set_eagle3_layers_to_capture` adds 1 to the ids in `eagle_aux_hidden_state_layer_ids`
-# (they mean "output of layer i"), so `draftlab.export` writes the trained `hidden_states` indices
+# (they mean "output of layer i"), so `draftlab.model.export` writes the trained `hidden_states` indices
 # minus one and records the indices themselves under `"draftlab"`, which doctor checks exactly.
 #
 # ## 2 · The one-flag bug, and every other mismatch in the contract
@@ -93,7 +95,7 @@ library
 
 # %%
 target = load_target(TARGET, device=run.device, dtype="float32")
-widths = doctor.measured_widths(target)
+widths = reproduce.measured_widths(target)
 pd.DataFrame(widths)
 
 # %% [markdown]
@@ -112,20 +114,21 @@ print(doctor.format_findings(deploy_flag["findings"]))
 pd.DataFrame(deploy_widths)
 
 # %% [markdown]
-# ## 5 · Acceptance length of the same draft in both modes (reference engine `draftlab.specdec`)
+# ## 5 · Acceptance length of the same draft in both modes (reference engine `draftlab.engine`)
 # `EAGLE3` feeds the three captured layers through fc and drafts with the draft's head + d2t;
 # `EAGLE` feeds the final hidden state, skips fc and uses the target's head, as SGLang does.
 
 # %%
-from draftlab.draft import load_draft
+from draftlab.model.draft import load_draft
 
 draft = load_draft(draft_dir, target)
-prompt_set, prompts = doctor.eval_prompts(run.dir, EVAL_PROMPTS)
-modes = doctor.mode_acceptance(target, draft, prompts, num_steps=NUM_STEPS, max_new_tokens=MAX_NEW_TOKENS)
+prompt_set, prompts = reproduce.eval_prompts(run.dir, EVAL_PROMPTS)
+modes = reproduce.mode_acceptance(target, draft, prompts, num_steps=NUM_STEPS, max_new_tokens=MAX_NEW_TOKENS)
 for mode, res in modes.items():
     print(f"{mode:>6}: acceptance length {res['acceptance_length']:.3f} over {res['speculative']['completion_tokens']} "
           f"tokens, lossless {res['lossless']}, speedup {res['speedup']:.2f}x ({prompt_set}, {len(prompts)} prompts)")
-fig = doctor.plot_acceptance(modes, f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
+fig = reproduce.plot_acceptance(modes,
+                                f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
 nb.save_figure(run, fig, "acceptance_by_mode")
 
 # %% [markdown]
@@ -136,8 +139,8 @@ nb.save_figure(run, fig, "acceptance_by_mode")
 # %%
 probe_summary = None
 if PROBE_SERVER:
-    from draftlab.doctor_probe import probe
-    from draftlab.serve import LocalServer
+    from draftlab.core.serve import LocalServer
+    from draftlab.flag_diagnosis.probe import probe
 
     with LocalServer(target.path, log_path=work / "serve.log") as srv:
         report = probe(srv.base_url, model=srv.model, max_tokens=16, prompts=prompts[:1])
@@ -149,13 +152,15 @@ if PROBE_SERVER:
 nb.save_metrics(run, {
     "draft": str(draft_dir), "draft_origin": draft_origin,
     "doctor_on_draft": {"errors": result["errors"], "warnings": result["warnings"],
-                        "problems": [f"{f.check}/{f.severity}" for f in result["findings"] if f.severity in ("error", "warning")]},
+                        "problems": [f"{f.check}/{f.severity}" for f in result["findings"]
+                                     if f.severity in ("error", "warning")]},
     "flag_bug_found": any(f.check == "algorithm" and f.severity == "error" for f in flag_bug["findings"]),
     "library": {"cases": len(library), "flagged": int(library["flagged"].sum())},
     "widths": {r["mode"]: r["width"] for r in widths},
     "deploy_widths": {r["mode"]: r["width"] for r in deploy_widths},
     "acceptance_length": {m: r["acceptance_length"] for m, r in modes.items()},
-    "acceptance_eval": {"set": prompt_set, "prompts": len(prompts), "num_steps": NUM_STEPS, "max_new_tokens": MAX_NEW_TOKENS},
+    "acceptance_eval": {"set": prompt_set, "prompts": len(prompts), "num_steps": NUM_STEPS,
+                        "max_new_tokens": MAX_NEW_TOKENS},
     "lossless": {m: r["lossless"] for m, r in modes.items()},
     "probe": probe_summary,
 })

@@ -31,7 +31,7 @@ DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 DTYPE = "float32"  # engine dtype; fp32 keeps the lossless check exact (bf16 flips near-ties)
 THREADS = 1  # torch CPU threads; 2 only on a quiet CPU (oversubscribed OpenMP threads made verify steps ~25x slower)
-EVAL_SETS = ["blend", "humaneval"]  # blend: RUN_DIR/data/blend/test.jsonl (notebook 02), humaneval: 164 prompts, or a .jsonl
+EVAL_SETS = ["blend", "humaneval"]  # blend: RUN_DIR/data/blend/test.jsonl (notebook 02), humaneval, or a .jsonl
 SAMPLES = 2  # prompts per evaluation set (the first N)
 MAX_NEW_TOKENS = 12  # new tokens per answer at most
 ARCHS = ["eagle3", "eagle1"]  # drafts from notebook 04 (RUN_DIR/drafts/<arch>)
@@ -39,7 +39,7 @@ MAIN_STEPS = 3  # chain length S for the per-set comparison
 CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
 CHAIN_ARCHS = ["eagle3", "eagle1"]  # drafts swept over CHAIN_STEPS
 TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
-FAST_DTYPE = ""  # also sweep CHAIN_STEPS with the first arch in this dtype (bfloat16: ~2x faster on a GPU, exact only up to near-ties); "" skips
+FAST_DTYPE = ""  # also sweep CHAIN_STEPS with the first arch in this dtype (bfloat16: ~2x faster on a GPU); "" skips
 FAST_TREES = []  # [[K, D], ...] trees for the FAST_DTYPE runs ([] : TREE alone)
 WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
 LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
@@ -48,15 +48,15 @@ LIVE_CONCURRENCY = [1, 8]  # live: concurrency levels
 LIVE_REPEATS = 3  # live: measurement windows per level (for confidence intervals)
 
 # %%
-import json
 
 import pandas as pd
 import torch
 
-from draftlab import bench, breakeven, lookup, specdec, specdec_report
-from draftlab import notebook as nb
-from draftlab.draft import load_draft
-from draftlab.target import load_target
+from draftlab.benchmark_acceptance import breakeven, sweeps
+from draftlab.benchmark_acceptance import live as bench
+from draftlab.benchmark_acceptance import report as specdec_report
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
 
 run = nb.start("06_benchmark_acceptance", globals())
 torch.set_num_threads(THREADS)
@@ -68,18 +68,10 @@ torch.set_num_threads(THREADS)
 
 # %%
 target = load_target(TARGET, device=run.device, dtype=DTYPE)
-drafts = {}
-for arch in ARCHS:
-    folder = run.dir / "drafts" / arch
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder}: no exported draft; run notebook 04_train_draft first")
-    drafts[arch] = load_draft(folder, target)
-sets = {}
-for name in EVAL_SETS:
-    prompts = bench.load_eval_set(name, run_dir=run.dir, limit=SAMPLES)
-    sets[name] = specdec.encode_prompts(target, [p["messages"] for p in prompts])
-pd.DataFrame([{"eval_set": k, "samples": len(v), "mean prompt tokens": sum(map(len, v)) / len(v)}
-              for k, v in sets.items()])
+drafts = sweeps.load_drafts(run.dir, ARCHS, target)
+sets = sweeps.load_sets(target, EVAL_SETS, run.dir, SAMPLES)
+first = EVAL_SETS[0]
+pd.DataFrame(sweeps.set_sizes(sets))
 
 # %% [markdown]
 # ## 2 · Acceptance and speedup by evaluation set
@@ -87,15 +79,7 @@ pd.DataFrame([{"eval_set": k, "samples": len(v), "mean prompt tokens": sum(map(l
 # engine, same prompts). `lossless` counts prompts whose speculative output equals greedy.
 
 # %%
-rows, greedy = [], {}
-for name, ids in sets.items():
-    for arch, draft in drafts.items():
-        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, max_new_tokens=MAX_NEW_TOKENS)
-        res = specdec.compare(target, draft, ids, cfg, eval_set=name, greedy_results=greedy.get(name),
-                              warmup=0 if name in greedy else 1)
-        greedy[name] = res["_greedy_results"]
-        rows.append({**specdec.public(res), "arch": arch})
-main = list(rows)
+main, greedy = sweeps.runs_by_set(target, drafts, sets, MAIN_STEPS, MAX_NEW_TOKENS)
 specdec_report.table(main)
 
 # %% [markdown]
@@ -104,43 +88,25 @@ specdec_report.table(main)
 # the trained one. Acceptance should collapse to about 1.0, with no error anywhere.
 
 # %%
-first = EVAL_SETS[0]
-wrong = []
-if WRONG_MODE and "eagle3" in drafts:
-    cfg = specdec.SpecConfig(mode="EAGLE", num_steps=MAIN_STEPS, max_new_tokens=MAX_NEW_TOKENS)
-    res = specdec.compare(target, drafts["eagle3"], sets[first], cfg, eval_set=first, greedy_results=greedy[first],
-                          warmup=0)
-    wrong.append({**specdec.public(res), "arch": "eagle3"})
+wrong = sweeps.wrong_mode_runs(target, drafts, sets[first], first, greedy[first], MAIN_STEPS,
+                               MAX_NEW_TOKENS) if WRONG_MODE else []
 specdec_report.table(wrong) if wrong else "skipped"
 
 # %% [markdown]
 # ## 4 · Acceptance by chain length S (first evaluation set)
-# Prompt lookup, the free n-gram drafter (`draftlab.lookup`), is simulated exactly on the same
-# greedy outputs: the line a trained draft has to clear.
+# Prompt lookup, the free n-gram drafter (`draftlab.benchmark_acceptance.lookup`), is simulated
+# exactly on the same greedy outputs: the line a trained draft has to clear.
 
 # %%
-chain = []
-for arch in CHAIN_ARCHS:
-    draft = drafts[arch]
-    for s in CHAIN_STEPS:
-        same = [r for r in main if (r["arch"], r["eval_set"], r["num_steps"]) == (arch, first, s)]
-        if same:  # already measured in section 2
-            chain.append(same[0])
-            continue
-        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
-        res = specdec.compare(target, draft, sets[first], cfg, eval_set=first, greedy_results=greedy[first], warmup=0)
-        chain.append({**specdec.public(res), "arch": arch})
-lookup_rows = [{"eval_set": first, "arch": "prompt lookup", "mode": "(n-gram)", "num_steps": s,
-                "samples": len(sets[first]),
-                "acceptance_length": lookup.lookup_acceptance(sets[first], [g.tokens for g in greedy[first]],
-                                                              s)["acceptance_length"]} for s in CHAIN_STEPS]
+chain = sweeps.runs_by_chain(target, drafts, CHAIN_ARCHS, sets[first], first, CHAIN_STEPS, main, greedy[first],
+                             MAX_NEW_TOKENS)
+lookup_rows = sweeps.lookup_by_chain(sets[first], greedy[first], first, CHAIN_STEPS)
 fig = specdec_report.plot_acceptance_by_chain(chain + lookup_rows)
 nb.save_figure(run, fig, "acceptance_by_chain")
 specdec_report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
 
 # %%
-lookup_main = [{"eval_set": name, **lookup.lookup_acceptance(ids, [g.tokens for g in greedy[name]], MAIN_STEPS)}
-               for name, ids in sets.items()]
+lookup_main = sweeps.lookup_by_set(sets, greedy, MAIN_STEPS)
 pd.DataFrame(lookup_main)
 
 # %% [markdown]
@@ -150,30 +116,15 @@ pd.DataFrame(lookup_main)
 # flip a near-tie that one-token decoding would not.
 
 # %%
-fast = []
-if FAST_DTYPE and FAST_DTYPE != DTYPE:
-    fast_target = load_target(TARGET, device=run.device, dtype=FAST_DTYPE)
-    fast_draft = load_draft(run.dir / "drafts" / CHAIN_ARCHS[0], fast_target)
-    fast_greedy = None
-    for s in CHAIN_STEPS:
-        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=s, max_new_tokens=MAX_NEW_TOKENS)
-        res = specdec.compare(fast_target, fast_draft, sets[first], cfg, eval_set=first, greedy_results=fast_greedy,
-                              warmup=0 if fast_greedy else 1)
-        fast_greedy = res["_greedy_results"]
-        fast.append({**specdec.public(res), "arch": CHAIN_ARCHS[0]})
-    # trees too: on a launch-bound GPU a verify of D tokens costs about what a chain's S + 1 do
-    for k, d in FAST_TREES or ([TREE] if TREE else []):
-        cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=k, num_draft_tokens=d,
-                                 max_new_tokens=MAX_NEW_TOKENS)
-        res = specdec.compare(fast_target, fast_draft, sets[first], cfg, eval_set=first, greedy_results=fast_greedy,
-                              warmup=0)
-        fast.append({**specdec.public(res), "arch": f"{CHAIN_ARCHS[0]} tree K={k} D={d}"})
-    del fast_target, fast_draft
+fast = sweeps.fast_dtype_runs(TARGET, run.device, DTYPE, FAST_DTYPE, run.dir / "drafts" / CHAIN_ARCHS[0],
+                              CHAIN_ARCHS[0], sets[first], first, CHAIN_STEPS, FAST_TREES, TREE, MAIN_STEPS,
+                              MAX_NEW_TOKENS)
+if fast:
     fig = specdec_report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
     nb.save_figure(run, fig, "speedup_by_chain_dtypes")
-specdec_report.table(fast)[["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup",
-                            "lossless"]] \
-    if fast else "skipped"
+fast_columns = ["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup",
+                "lossless"]
+specdec_report.table(fast)[fast_columns] if fast else "skipped"
 
 # %%
 fig = specdec_report.plot_acceptance_by_set(main + wrong)
@@ -185,13 +136,8 @@ nb.save_figure(run, fig, "acceptance_by_set")
 # tokens, SGLang's selection by cumulative draft log-probability) shows what a wider draft buys.
 
 # %%
-tree = []
-if TREE:
-    cfg = specdec.SpecConfig(mode="EAGLE3", num_steps=MAIN_STEPS, topk=TREE[0], num_draft_tokens=TREE[1],
-                             max_new_tokens=MAX_NEW_TOKENS)
-    res = specdec.compare(target, drafts[ARCHS[0]], sets[first], cfg, eval_set=first, greedy_results=greedy[first],
-                          warmup=0)
-    tree.append({**specdec.public(res), "arch": ARCHS[0]})
+tree = sweeps.tree_runs(target, drafts[ARCHS[0]], ARCHS[0], sets[first], first, greedy[first], TREE, MAIN_STEPS,
+                        MAX_NEW_TOKENS)
 fig = specdec_report.plot_position_acceptance(main + tree)
 nb.save_figure(run, fig, "position_acceptance")
 specdec_report.table(tree) if tree else "skipped"
@@ -207,21 +153,12 @@ nb.save_figure(run, fig, "throughput")
 # checked against the measured decode speedups; break-even acceptance L* = C(S).
 
 # %%
-fits, checks = {}, {}
-for arch in CHAIN_ARCHS:
-    arch_rows = [r for r in chain if r["arch"] == arch]
-    if len({r["num_steps"] for r in arch_rows}) >= 2:
-        fits[arch] = breakeven.fit_from_runs(arch_rows)
-        checks[arch] = breakeven.check(arch_rows, fits[arch])
-model_arch = "eagle3" if "eagle3" in fits else next(iter(fits), None)
+fits, checks, model_arch = sweeps.breakeven_fits(chain, CHAIN_ARCHS)
 if model_arch is not None:
-    import matplotlib.pyplot as plt
-
     model = fits[model_arch]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    breakeven.plot(ax, model, CHAIN_STEPS, checks[model_arch],
-                   title=f"{model_arch} on {run.device} ({DTYPE}), {first} n={len(sets[first])}: "
-                         f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
+    fig = sweeps.plot_breakeven(model, CHAIN_STEPS, checks[model_arch],
+                                f"{model_arch} on {run.device} ({DTYPE}), {first} n={len(sets[first])}: "
+                                f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
     nb.save_figure(run, fig, "breakeven")
 pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
 
@@ -230,8 +167,7 @@ pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
 # so a cycle costs one verify, v, and its predicted speedup is its acceptance length / v.
 
 # %%
-for r in lookup_rows:
-    r["predicted_speedup"] = r["acceptance_length"] / fits[model_arch].verify_cost if model_arch else None
+lookup_rows = sweeps.predict_lookup(lookup_rows, fits, model_arch)
 pd.DataFrame(lookup_rows)[["num_steps", "acceptance_length", "predicted_speedup"]]
 
 # %% [markdown]
@@ -256,23 +192,10 @@ if LIVE_BASELINE_URL:
 live if live is not None else "no live endpoints given"
 
 # %%
-nb.save_metrics(run, {
-    "device": run.device, "dtype": DTYPE, "max_new_tokens": MAX_NEW_TOKENS,
-    "eval_sets": {k: len(v) for k, v in sets.items()},
-    "by_set": specdec_report.table(main).to_dict(orient="records"),
-    "wrong_mode": specdec_report.table(wrong).to_dict(orient="records") if wrong else None,
-    "by_chain": specdec_report.table(chain).to_dict(orient="records"),
-    "by_chain_fast_dtype": specdec_report.table(fast).to_dict(orient="records") if fast else None,
-    "prompt_lookup": {"by_set": lookup_main, "by_chain": lookup_rows},
-    "tree": specdec_report.table(tree).to_dict(orient="records") if tree else None,
-    "position_acceptance": {f"{r['arch']} {r['eval_set']}": r["speculative"]["position_acceptance"] for r in main},
-    "accept_histogram": {f"{r['arch']} {r['eval_set']}": r["speculative"]["accept_histogram"] for r in main},
-    "lossless": all(r["lossless"] for r in main + wrong + chain + tree),
-    "breakeven_fit": {arch: breakeven.as_dict(m) for arch, m in fits.items()},
-    "breakeven_check": checks,
-    "worked_example": example,
-    "live": live.to_dict(orient="records") if live is not None else None,
-})
+nb.save_metrics(run, sweeps.metrics(device=run.device, dtype=DTYPE, max_new_tokens=MAX_NEW_TOKENS, sets=sets,
+                                    main=main, wrong=wrong, chain=chain, fast=fast, lookup_main=lookup_main,
+                                    lookup_rows=lookup_rows, tree=tree, fits=fits, checks=checks, example=example,
+                                    live=live))
 
 # %% [markdown]
 # ## Findings

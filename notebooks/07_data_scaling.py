@@ -56,9 +56,9 @@ GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain
 # %%
 import pandas as pd
 
-from draftlab import notebook as nb
-from draftlab import scaling
-from draftlab.target import load_target
+from draftlab import data_scaling as scaling
+from draftlab.model.target import load_target
+from draftlab.run import notebook as nb
 
 run = nb.start("07_data_scaling", globals())
 work = run.dir / "scaling"

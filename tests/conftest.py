@@ -22,13 +22,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_target():
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
 
     return load_target("tiny", device="cpu")
 
 
 @pytest.fixture(scope="session")
 def embedded_target():
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
 
     return load_target("embedded", device="cpu")

@@ -8,8 +8,9 @@ import math
 import httpx
 import pytest
 
-from draftlab import bench
-from draftlab.sources_offline import HUMANEVAL_INSTRUCTION
+from draftlab.benchmark_acceptance import cli as bench_cli
+from draftlab.benchmark_acceptance import live as bench
+from draftlab.dataset_discovery.offline import HUMANEVAL_INSTRUCTION
 
 # SGLang's native /generate body (meta_info always present; speculative fields on EAGLE servers)
 GENERATE_SPEC = {
@@ -164,15 +165,15 @@ def test_cli_parser_builds():
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    bench.add_bench_live_parser(sub)
+    bench_cli.add_bench_live_parser(sub)
     args = parser.parse_args(["live", "--baseline", "http://a", "--spec", "e3=http://b", "--concurrency", "1,4"])
-    assert args.func is bench.bench_live and args.spec == ["e3=http://b"]
+    assert args.func is bench_cli.bench_live and args.spec == ["e3=http://b"]
 
 
 @pytest.mark.server
 def test_baseline_path_against_a_real_server(tiny_target, tmp_path):
     """transformers serve (tiny target): tokens/s measured, no /flush_cache, acceptance absent."""
-    from draftlab.serve import LocalServer
+    from draftlab.core.serve import LocalServer
 
     prompts = [[{"role": "user", "content": f"Say something about {w}."}] for w in ("cats", "rain", "code", "tea")]
     with LocalServer(tiny_target.path, log_path=tmp_path / "serve.log") as srv:

@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from draftlab import blend as B
-from draftlab import sources_offline as offline
-from draftlab.records import conversation_id, read_jsonl
+from draftlab.blend import cli as blend_cli
+from draftlab.core.records import conversation_id, read_jsonl
+from draftlab.dataset_discovery import offline
+from draftlab.dataset_discovery import sources as S
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "data" / "fixtures"
@@ -136,7 +138,9 @@ def test_decontamination_against_humaneval_and_eval_sources_exempt():
     clean = conv("Write a function that parses ISO dates and returns datetime objects, with tests.", "train-src")
     he = offline.humaneval_conversations(2, source="he")
     spec = B.load_spec({"tokenizer": "none", "sources": [{"kind": "humaneval", "name": "he"}]})
-    result = B.run_pipeline(he + [leaked, clean], spec, B.TokenCounter(None), eval_sources={"he"}, pinned={"he": "test"})
+    result = B.run_pipeline(
+        he + [leaked, clean], spec, B.TokenCounter(None), eval_sources={"he"}, pinned={"he": "test"}
+    )
     assert result.report["dropped"]["contaminated"] == 1
     assert result.report["decontamination"]["contaminated"] == {"humaneval": 1}
     assert result.report["decontamination"]["eval_ngrams"]["humaneval"] > 1000
@@ -169,14 +173,24 @@ def test_quota_sampling_and_shuffle_are_seeded():
 
 def test_token_counter_matches_the_rendered_chat_template():
     """Per-message counts + measured template overhead == tokens of the rendered conversation."""
-    from draftlab.target import load_tokenizer
+    from draftlab.model.target import load_tokenizer
 
     tok = load_tokenizer("tiny")
     counter = B.TokenCounter(tok)
-    convs = [conv("Write a function to add two numbers.", answer="def add(a, b):\n    return a + b"),
-             {"id": "x", "source": "s", "meta": {}, "messages": [
-                 {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, how are you?"},
-                 {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "Explain  recursion\n\nplease."}]}]
+    convs = [
+        conv("Write a function to add two numbers.", answer="def add(a, b):\n    return a + b"),
+        {
+            "id": "x",
+            "source": "s",
+            "meta": {},
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hello there, how are you?"},
+                {"role": "assistant", "content": "Fine."},
+                {"role": "user", "content": "Explain  recursion\n\nplease."},
+            ],
+        },
+    ]
     expected = [len(tok(tok.apply_chat_template(c["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
                 for c in convs]
     assert counter.count(convs) == expected
@@ -219,7 +233,7 @@ def test_blend_resumes_from_its_source_cache(tmp_path):
 def test_dataset_fitting_no_adapter_fails_at_once(tmp_path):
     spec = fixture_spec()
     spec["sources"].insert(0, {"name": "weird", "kind": "local", "path": str(FIXTURES / "unknown_schema.jsonl")})
-    with pytest.raises(B.S.AdapterError, match=r"source 'weird'.*columns \['completion', 'prompt'\] fit no adapter"):
+    with pytest.raises(S.AdapterError, match=r"source 'weird'.*columns \['completion', 'prompt'\] fit no adapter"):
         B.blend(spec, tmp_path, progress=False)
 
 
@@ -242,13 +256,13 @@ def test_bench_blend_runs_every_stage():
 def test_cli_parsers(tmp_path):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd")
-    B.add_blend_parser(sub)
+    blend_cli.add_blend_parser(sub)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(fixture_spec()))
     args = parser.parse_args(["blend", str(spec), "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
     assert (tmp_path / "out" / "train.jsonl").exists()
     bench = argparse.ArgumentParser().add_subparsers(dest="what")
-    B.add_bench_blend_parser(bench)
+    blend_cli.add_bench_blend_parser(bench)
     args = bench._name_parser_map["blend"].parse_args(["-n", "10", "--tokenizer", "none"])
     assert args.n == 10 and args.func is not None

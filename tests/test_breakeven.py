@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftlab import breakeven as be
+from draftlab.benchmark_acceptance import breakeven as be
 
 
 def test_algebra():

@@ -6,7 +6,8 @@ import pytest
 import yaml
 from huggingface_hub.hf_api import DatasetInfo
 
-from draftlab import catalog as C
+from draftlab.dataset_discovery import catalog as C
+from draftlab.dataset_discovery import cli as discover_cli
 
 NAMED_IN_ISSUE = [
     "nvidia/OpenCodeInstruct", "m-a-p/Code-Feedback", "ise-uiuc/Magicoder-Evol-Instruct-110K",
@@ -126,7 +127,7 @@ def test_discover_cli_offline(capsys):
     import argparse
 
     parser = argparse.ArgumentParser()
-    C.add_discover_parser(parser.add_subparsers(dest="cmd"))
+    discover_cli.add_discover_parser(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["discover", "--offline", "--domain", "agentic"])
     assert args.func(args) == 0
     out = capsys.readouterr().out

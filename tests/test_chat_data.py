@@ -5,10 +5,15 @@ import json
 import pytest
 import torch
 
-from draftlab.chat_data import load_tokenized, split_holdout, tokenize_conversation, tokenize_rows
-from draftlab.records import RecordError, make_conversation
-from draftlab.target import load_tokenizer
-from draftlab.vocab import build_draft_vocab, coverage, token_counts
+from draftlab.core.records import RecordError, make_conversation
+from draftlab.model.chat_data import (
+    load_tokenized,
+    split_holdout,
+    tokenize_conversation,
+    tokenize_rows,
+)
+from draftlab.model.target import load_tokenizer
+from draftlab.train_draft.vocab import build_draft_vocab, coverage, token_counts
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +86,17 @@ def test_bad_row_names_file_row_and_field(tok, tmp_path):
 
 def test_load_tokenized_caches(tok, tmp_path):
     p = tmp_path / "train.jsonl"
-    p.write_text("".join(json.dumps(make_conversation(CHAT[:3] + [{"role": "user", "content": f"q{i}"},
-                                                                   {"role": "assistant", "content": f"a{i}"}], "x")) + "\n"
-                         for i in range(5)))
+    p.write_text(
+        "".join(
+            json.dumps(
+                make_conversation(
+                    CHAT[:3] + [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}], "x"
+                )
+            )
+            + "\n"
+            for i in range(5)
+        )
+    )
     ds, stats = load_tokenized(p, tok, 256, cache_dir=tmp_path / "cache")
     assert len(ds) == 5 and stats["kept"] == 5 and stats["loss_tokens"] > 0
     ds2, stats2 = load_tokenized(p, tok, 256, cache_dir=tmp_path / "cache")

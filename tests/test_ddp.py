@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftlab.serve import free_port
+from draftlab.core.serve import free_port
 from test_train import small_config, write_fixture
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
-    from draftlab.train import find_checkpoint, train
+    from draftlab.train_draft import find_checkpoint, train
 
     files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     common = dict(epochs=1, save_every=100, eval_every=100, threads=1, batch_tokens=160)

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.doctor import diagnose, doctor_main, add_doctor_parser, mode_widths
-from draftlab.doctor_cases import build_cases, good_draft
-from draftlab.doctor_checks import DoctorInputError, load_target_info, read_draft
-from draftlab.doctor_probe import acceptance_length, probe
+from draftlab.flag_diagnosis.cases import build_cases, good_draft
+from draftlab.flag_diagnosis.cli import add_doctor_parser, doctor_main
+from draftlab.flag_diagnosis.doctor import diagnose, mode_widths
+from draftlab.flag_diagnosis.inputs import (
+    DoctorInputError,
+    load_target_info,
+    read_draft,
+)
+from draftlab.flag_diagnosis.probe import acceptance_length, probe
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_doctor.sglang_stub import SGLangStub  # noqa: E402
@@ -74,10 +79,19 @@ def test_good_export_passes_clean(library, capsys):
     case = cases["good"]
     result = diagnose(str(good), "tiny", case.launches)
     assert problems(result) == []
-    assert {f.check for f in result["findings"]} >= {"algorithm", "fc_width", "capture_layers_range", "d2t_mapping",
-                                                     "context_length", "rope", "missing_tensors", "max_running_requests"}
-    code, out, _ = run_cli(["--draft", str(good), "--target", "tiny", *sum((["--launch", c] for c in case.launches), []),
-                            "--json"], capsys)
+    assert {f.check for f in result["findings"]} >= {
+        "algorithm",
+        "fc_width",
+        "capture_layers_range",
+        "d2t_mapping",
+        "context_length",
+        "rope",
+        "missing_tensors",
+        "max_running_requests",
+    }
+    code, out, _ = run_cli(
+        ["--draft", str(good), "--target", "tiny", *sum((["--launch", c] for c in case.launches), []), "--json"], capsys
+    )
     assert code == 0
     data = json.loads(out)
     assert data["errors"] == 0 and data["warnings"] == 0 and data["target_shape"]["hidden_size"] == 64
@@ -94,7 +108,7 @@ def test_each_broken_case_gets_its_finding(library, name, check, severity):
 
 
 def test_library_covers_every_check():
-    from draftlab import doctor_checks
+    from draftlab.flag_diagnosis import inputs as doctor_checks
 
     source = Path(doctor_checks.__file__).read_text()
     import re
@@ -116,7 +130,7 @@ def test_exit_codes_and_fixes_in_text(library, capsys):
 
 
 def test_draftlab_export_writes_sglang_ids_and_passes(tmp_path):
-    """draftlab.export writes SGLang's config ids (trained index - 1) and records the trained indices."""
+    """draftlab.model.export writes SGLang's config ids (trained index - 1) and records the trained indices."""
     d = good_draft(tmp_path / "raw", "tiny", draft_vocab_size=256)
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
@@ -204,8 +218,9 @@ def test_shipped_61_layer_config_and_dimension_table():
 
 
 def test_acceptance_length_definition():
-    assert acceptance_length([{"completion_tokens": 30, "spec_verify_ct": 10},
-                              {"completion_tokens": 10, "spec_verify_ct": 10}])[0] == pytest.approx(2.0)  # token-weighted
+    assert acceptance_length(
+        [{"completion_tokens": 30, "spec_verify_ct": 10}, {"completion_tokens": 10, "spec_verify_ct": 10}]
+    )[0] == pytest.approx(2.0)  # token-weighted
     assert acceptance_length([{"completion_tokens": 30}])[0] is None
     assert acceptance_length([{"completion_tokens": 30, "spec_verify_ct": 0}])[0] is None
 
@@ -250,8 +265,8 @@ def test_probe_falls_back_to_get_server_info_and_generate():
 @pytest.mark.server
 def test_probe_real_transformers_serve_has_no_spec_fields(tmp_path):
     """The tiny target behind a real `transformers serve`: acceptance must be absent, not 1.0."""
-    from draftlab.serve import LocalServer
-    from draftlab.target import resolve_path
+    from draftlab.core.serve import LocalServer
+    from draftlab.model.target import resolve_path
 
     with LocalServer(resolve_path("tiny"), log_path=tmp_path / "serve.log") as srv:
         report = probe(srv.base_url, model=srv.model, max_tokens=16, prompts=("Say hi.",))
@@ -294,12 +309,14 @@ def test_eagle1_style_draft(tmp_path):
     import torch
     from transformers import AutoConfig
 
-    from draftlab.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.export import export_draft
-    from draftlab.serve import sglang_speculative_command
+    from draftlab.core.serve import sglang_speculative_command
+    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.model.export import export_draft
 
     info = load_target_info("tiny")
-    cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, use_aux=False)
+    cfg = draft_config_for_target(
+        AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, use_aux=False
+    )
     draft = Eagle3Draft(cfg, torch.nn.Embedding(info.vocab_size, info.hidden_size))
     draft.set_vocab(torch.arange(128))
     out = export_draft(draft, tmp_path / "eagle1", max_position_embeddings=info.max_position_embeddings)
@@ -310,7 +327,35 @@ def test_eagle1_style_draft(tmp_path):
 
 
 def test_notebook_draft_missing_names_notebook_04(tmp_path):
-    from draftlab.doctor_cases import draft_for_run
+    from draftlab.flag_diagnosis.cases import draft_for_run
 
     with pytest.raises(FileNotFoundError, match="run notebook 04_train_draft first"):
         draft_for_run(tmp_path, "tiny", False, tmp_path / "work")
+
+
+@pytest.mark.parametrize("layers", [[2, 4, 5], [3, 4, 6]])
+def test_deepseek_non_default_layers_export_passes_doctor(tmp_path, layers):
+    """The exporter and the doctor share one capture-id rule (model.capture): a draft trained on
+    non-default layers of a DeepSeek-family target is exported with ids that SGLang's DeepSeek
+    rule maps back to those layers, so the doctor finds no capture error."""
+    import torch
+    from transformers import AutoConfig
+
+    from draftlab.flag_diagnosis.checks import check_capture_layers
+    from draftlab.flag_diagnosis.inputs import read_draft
+    from draftlab.model.capture import captured_states
+    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.model.export import export_draft, validate
+
+    info = load_target_info(DEEPSEEK_TINY)
+    cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128,
+                                  capture_layers=layers)
+    draft = Eagle3Draft(cfg, torch.nn.Embedding(info.vocab_size, info.hidden_size))
+    draft.set_vocab(torch.arange(128))
+    out = export_draft(draft, tmp_path / "ds", max_position_embeddings=info.max_position_embeddings)
+    written = json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert captured_states(written, deepseek=True) == layers
+    assert validate(out) == []
+    findings = check_capture_layers(read_draft(out), info)
+    assert [f for f in findings if f.severity in ("error", "warning")] == [], findings
+    assert diagnose(str(out), DEEPSEEK_TINY)["errors"] == 0

@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-from draftlab.draft import Eagle3Draft, default_capture_layers, draft_config_for_target
-from draftlab.hidden import aux_hidden, draft_features, final_hidden, logits_from_last, target_states
+from draftlab.model.capture import default_capture
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import (
+    aux_hidden,
+    draft_features,
+    final_hidden,
+    logits_from_last,
+)
 
 
 @pytest.fixture(scope="module")
@@ -14,9 +20,9 @@ def draft(tiny_target):
     return Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval()
 
 
-def test_default_capture_layers():
-    assert default_capture_layers(30) == [2, 15, 27]
-    assert default_capture_layers(61) == [2, 30, 58]
+def test_default_capture():
+    assert default_capture(30) == [2, 15, 27]
+    assert default_capture(61) == [2, 30, 58]
 
 
 def test_state_dict_names_are_the_contract(draft):

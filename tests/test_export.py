@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from draftlab.draft import Eagle3Draft, draft_config_for_target, load_draft
-from draftlab.export import export_draft, read_safetensors_header, validate
-from draftlab.target import read_config
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target, load_draft
+from draftlab.model.export import export_draft, read_safetensors_header, validate
+from draftlab.model.target import read_config
 
 # The contract's table for the embedded target (SmolLM2-135M-Instruct: H=576, 9/3 heads of 64, V=49152).
 H, V, VD, I = 576, 49152, 32000, 1536
@@ -102,11 +102,14 @@ def _corrupt(src, dst, config_edit=None, tensors_edit=None):
         ("tied", lambda c: c.update(tie_word_embeddings=True), None, "tie_word_embeddings"),
         ("no_rope_theta", lambda c: c.pop("rope_theta"), None, "rope_theta"),
         ("short_context", lambda c: c.update(max_position_embeddings=2048), None, "max_position_embeddings 2048"),
-        ("bad_layers", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 15, 30]), None, "outside"),
+        ("bad_layers", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 15, 30]), None,
+         "outside"),
         ("arch", lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "architectures"),
         ("prefix", None, lambda w: w.update({"draft_model.fc.weight": w.pop("fc.weight")}), "prefixed"),
-        ("embed", None, lambda w: w.update({"embed_tokens.weight": torch.zeros(V, H, dtype=torch.bfloat16)}), "embedding"),
-        ("fc_shape", None, lambda w: w.update({"fc.weight": torch.zeros(H, H, dtype=torch.bfloat16)}), "fc.weight shape"),
+        ("embed", None, lambda w: w.update({"embed_tokens.weight": torch.zeros(V, H, dtype=torch.bfloat16)}),
+         "embedding"),
+        ("fc_shape", None, lambda w: w.update({"fc.weight": torch.zeros(H, H, dtype=torch.bfloat16)}),
+         "fc.weight shape"),
         ("d2t_dtype", None, lambda w: w.update({"d2t": w["d2t"].to(torch.int32)}), "d2t dtype"),
         ("bias", None, lambda w: w.update({"norm.bias": torch.zeros(H)}), "bias"),
     ],

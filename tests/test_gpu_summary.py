@@ -1,20 +1,15 @@
-"""scripts/gpu/summary.py: headline keys from metrics.json, null when unmeasured, overrides only with a source."""
+"""draftlab.run.summary: headline keys from metrics.json, null when unmeasured, overrides only with a source."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "summary.py"
+from draftlab.run import summary as summary_module
 
 
 @pytest.fixture(scope="module")
 def summary():
-    spec = importlib.util.spec_from_file_location("gpu_summary", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return summary_module
 
 
 def metrics():

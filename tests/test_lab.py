@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from draftlab.serve import free_port
+from draftlab.core.serve import free_port
 
 ROOT = Path(__file__).parents[1]
 

@@ -1,8 +1,8 @@
-"""Parsing SGLang launch commands back into flags (draftlab.launch)."""
+"""Parsing SGLang launch commands back into flags (draftlab.core.launch)."""
 
 import pytest
 
-from draftlab.launch import (
+from draftlab.core.launch import (
     LaunchError,
     from_server_info,
     parse_launch,
@@ -10,7 +10,7 @@ from draftlab.launch import (
     set_flag,
     split_command,
 )
-from draftlab.serve import sglang_commands, sglang_speculative_command
+from draftlab.core.serve import sglang_commands, sglang_speculative_command
 
 
 def test_parse_full_command_with_env_equals_and_continuations():

@@ -2,7 +2,11 @@
 
 import pytest
 
-from draftlab.lookup import lookup_acceptance, lookup_cycles, lookup_draft
+from draftlab.benchmark_acceptance.lookup import (
+    lookup_acceptance,
+    lookup_cycles,
+    lookup_draft,
+)
 
 
 def test_draft_follows_the_latest_earlier_ngram():

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from draftlab import monitor
+from draftlab.cli import main as draftlab_main
+from draftlab.regenerate import monitor
 from helpers_regen import make_conversations, write_jsonl
 
 
@@ -72,10 +73,10 @@ def test_window_starts_at_the_current_run(work):
 
 def test_cli_prints_and_plots(work, capsys, tmp_path):
     w, _ = work
-    assert monitor.main([str(w), "--plot", str(tmp_path / "tp.png")]) == 0
+    assert draftlab_main(["monitor", str(w), "--plot", str(tmp_path / "tp.png")]) == 0
     out = capsys.readouterr().out
     assert "rows" in out and "ETA" in out and (tmp_path / "tp.png").stat().st_size > 1000
-    assert monitor.main([str(w), "--json"]) == 0
+    assert draftlab_main(["monitor", str(w), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finished"] == 14
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from draftlab.notebook import REQUIRED_PARAMETERS, declared_parameters
+from draftlab.run.notebook import REQUIRED_PARAMETERS, declared_parameters
 
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

@@ -10,8 +10,13 @@ import time
 import pytest
 
 from draftlab.regenerate import RegenConfig, regenerate, scan_work
-from helpers_regen import (all_shard_rows, make_conversations, read_lines, tiny_server,  # noqa: F401
-                           write_jsonl)
+from helpers_regen import (  # noqa: F401
+    all_shard_rows,
+    make_conversations,
+    read_lines,
+    tiny_server,
+    write_jsonl,
+)
 from helpers_regen.fault_proxy import FAULTS, FaultProxy
 
 

@@ -4,12 +4,24 @@ import json
 
 import pytest
 
-from draftlab.records import RecordError
-from draftlab.regenerate import (RegenConfig, finalize, load_conversations, plan_turns,
-                                 regenerate, repair_jsonl, scan_work, slots)
-from helpers_regen import (all_shard_rows, make_conversations, read_lines, tiny_server,  # noqa: F401
-                           write_jsonl)
-
+from draftlab.core.records import RecordError
+from draftlab.regenerate import (
+    RegenConfig,
+    finalize,
+    load_conversations,
+    plan_turns,
+    regenerate,
+    repair_jsonl,
+    scan_work,
+    slots,
+)
+from helpers_regen import (  # noqa: F401
+    all_shard_rows,
+    make_conversations,
+    read_lines,
+    tiny_server,
+    write_jsonl,
+)
 
 # ------------------------------------------------------------------ input and plans
 
@@ -144,7 +156,7 @@ def test_truncation_drop_counts_and_resume(tiny_server, tmp_path):
 
 @pytest.mark.server
 def test_dead_server_is_taken_out(tiny_server, tmp_path):
-    from draftlab.serve import free_port
+    from draftlab.core.serve import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     rows = make_conversations(16, multi_turn_every=0)
@@ -159,7 +171,7 @@ def test_dead_server_is_taken_out(tiny_server, tmp_path):
 
 @pytest.mark.server
 def test_cli_end_to_end_with_output(tiny_server, tmp_path):
-    from draftlab.regenerate import main
+    from draftlab.regenerate.cli import main
 
     rows = make_conversations(6)
     src = write_jsonl(tmp_path / "blend" / "train.jsonl", rows)
@@ -174,8 +186,8 @@ def test_cli_end_to_end_with_output(tiny_server, tmp_path):
 @pytest.mark.server
 def test_embedded_server_end_to_end(tmp_path):
     """The real embedded target through its server: answers are text, counts are the tokenizer's."""
-    from draftlab.serve import LocalServer
-    from draftlab.target import load_tokenizer, resolve_path
+    from draftlab.core.serve import LocalServer
+    from draftlab.model.target import load_tokenizer, resolve_path
 
     rows = make_conversations(6, multi_turn_every=3)
     tok = load_tokenizer("embedded")
@@ -211,8 +223,8 @@ def one_thread():
 
 
 def test_batch_backend_same_records_and_resume(tmp_path, one_thread):
-    from draftlab.regen_batch import regenerate_batch
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
+    from draftlab.regenerate import regenerate_batch
 
     target = load_target("tiny", device="cpu")
     rows = make_conversations(7, multi_turn_every=3)
@@ -247,8 +259,8 @@ def test_batch_greedy_matches_one_by_one_generation(tmp_path, one_thread):
     """Static batching with left padding gives the same greedy answers as unbatched generate."""
     import torch
 
-    from draftlab.regen_batch import generate_turns
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
+    from draftlab.regenerate import generate_turns
 
     target = load_target("tiny", device="cpu")
     prompts = [r["messages"][:-1] if r["messages"][-1]["role"] == "assistant" else r["messages"]
@@ -310,8 +322,8 @@ def test_batch_size_sweep_forces_equal_work_per_row(tmp_path, one_thread):
 
 def test_batch_size_sweep_takes_median_length_prompts(one_thread):
     """A batch of one is the median-length prompt, not the first or the longest (padding and memory)."""
-    from draftlab.regen_batch import sweep_batch_sizes
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
+    from draftlab.regenerate import sweep_batch_sizes
 
     target = load_target("tiny", device="cpu")
     prompts = [[{"role": "user", "content": "word " * n}] for n in (40, 1, 200, 5, 80)]
@@ -321,7 +333,7 @@ def test_batch_size_sweep_takes_median_length_prompts(one_thread):
 
 
 def test_plan_batches_equal_runs_within_rows_and_tokens():
-    from draftlab.regen_batch import plan_batches
+    from draftlab.regenerate import plan_batches
 
     # rows only: 10 rows at 4 a batch -> 3 runs of 4, 4, 2 would leave a small tail; equal runs are 4, 3, 3
     assert [len(r) for r in plan_batches([5] * 10, 4, 0, 8)] == [4, 3, 3]
@@ -334,8 +346,8 @@ def test_plan_batches_equal_runs_within_rows_and_tokens():
 
 
 def test_batch_tokens_caps_generate_calls_and_errors_what_cannot_fit(tmp_path, one_thread, monkeypatch):
-    from draftlab import regen_batch
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
+    from draftlab.regenerate import batch as regen_batch
 
     target = load_target("tiny", device="cpu")
     prompts = [[{"role": "user", "content": "word " * n}] for n in (1, 2, 3, 4, 300)]

@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from draftlab import notebook as nb
-from draftlab import runner
+from draftlab.run import notebook as nb
+from draftlab.run import runner
 
 
 def test_profiles_only_name_declared_parameters():
@@ -17,7 +17,9 @@ def test_profiles_only_name_declared_parameters():
 
 def test_misspelled_override_fails_before_running():
     with pytest.raises(nb.ParameterError, match="did you mean TARGET"):
-        runner.resolve_parameters(runner.select_notebooks(["00"]), runner.load_profile("smoke"), {"TARGT": "x"}, "smoke")
+        runner.resolve_parameters(
+            runner.select_notebooks(["00"]), runner.load_profile("smoke"), {"TARGT": "x"}, "smoke"
+        )
 
 
 def test_unknown_profile_key_fails(tmp_path):

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draftlab import scaling
-from draftlab.records import conversation_id
+from draftlab import data_scaling as scaling
+from draftlab.core.records import conversation_id
 
 
 def _conversation(k: int, t_done: float) -> dict:
@@ -45,7 +45,7 @@ def test_subsets_are_nested_seeded_and_capped(tmp_path):
 
 def test_prepare_takes_notebook_04s_holdout_when_there_is_no_val_jsonl(tmp_path):
     _regen_dir(tmp_path, 20, None)
-    from draftlab.chat_data import split_holdout
+    from draftlab.model.chat_data import split_holdout
 
     _, val04 = split_holdout(tmp_path / "data" / "regen" / "train.jsonl", 5, tmp_path / "train" / "holdout", 7)
     plan = scaling.prepare(tmp_path, tmp_path / "s", [10], seed=0, val_samples=3)
@@ -191,9 +191,9 @@ def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_tar
     import torch
     import torch.nn.functional as F
 
-    from draftlab.chat_data import load_tokenized
-    from draftlab.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.train import Features, TTTObjective, collate, soft_targets
+    from draftlab.model.chat_data import load_tokenized
+    from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+    from draftlab.train_draft import Features, TTTObjective, collate, soft_targets
 
     _regen_dir(tmp_path, 4, 3)
     ds, _ = load_tokenized(tmp_path / "data" / "regen" / "val.jsonl", tiny_target.tokenizer, 64)
@@ -213,7 +213,7 @@ def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_tar
             target_d, top, in_vocab = soft_targets(tiny_target, last, draft.draft_ids(), draft.t2d)
             pred = F.pad((loss & valid)[:, 1:], (0, 1))
             total += objective(f, ids, valid, pred, in_vocab, target_d, top)[1]
-        from draftlab.train import summarize
+        from draftlab.train_draft import summarize
 
         theirs = summarize(total, 0.8)
         assert ours["sim_accept_len"] == pytest.approx(theirs["sim_accept_len"], abs=1e-6)
@@ -233,7 +233,7 @@ def test_offline_states_are_computed_once_per_subset_for_both_archs(tmp_path, ti
 @pytest.mark.gpu
 def test_study_on_cuda_bf16_with_graphs(tmp_path):
     """The GPU path: bf16 target, autocast training, bf16 exports, chain decoding with CUDA graphs."""
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
 
     target = load_target("tiny", device="cuda")
     _regen_dir(tmp_path, 16, 4)

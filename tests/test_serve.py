@@ -1,4 +1,4 @@
-"""draftlab.serve: the local transformers server's life cycle and the SGLang launch strings."""
+"""draftlab.core.serve: the local transformers server's life cycle and the SGLang launch strings."""
 
 import json
 import socket
@@ -6,8 +6,8 @@ import socket
 import httpx
 import pytest
 
-from draftlab import serve
-from draftlab.launch import parse_launch
+from draftlab.core import serve
+from draftlab.core.launch import parse_launch
 from helpers_regen import group_gone, tiny_folder
 
 

@@ -1,14 +1,14 @@
-"""draftlab.sglang.live and .study: windows over /generate, resumable results, the study's table."""
+"""benchmark_acceptance.sglang_live and .sglang_study: windows over /generate, resumable results, the study's table."""
 
 import json
 
 import httpx
 import pytest
 
-from draftlab.bench import Window
-from draftlab.launch import parse_launch
-from draftlab.sglang import live
-from draftlab.sglang.study import _trees, study_entries
+from draftlab.benchmark_acceptance import sglang_live as live
+from draftlab.benchmark_acceptance.live import Window
+from draftlab.benchmark_acceptance.sglang_study import _trees, study_entries
+from draftlab.core.launch import parse_launch
 
 
 def mock_generate(verify_every: int | None, outputs=None):
@@ -25,8 +25,11 @@ def mock_generate(verify_every: int | None, outputs=None):
         seen["bodies"].append(body)
         n = body["sampling_params"]["max_new_tokens"]
         ids = outputs(body["input_ids"]) if outputs else [t + 1 for t in body["input_ids"]][:n]
-        meta = {"completion_tokens": len(ids), "prompt_tokens": len(body["input_ids"]),
-                "finish_reason": {"type": "length"}}
+        meta = {
+            "completion_tokens": len(ids),
+            "prompt_tokens": len(body["input_ids"]),
+            "finish_reason": {"type": "length"},
+        }
         if verify_every:
             meta["spec_verify_ct"] = -(-len(ids) // verify_every)
         return httpx.Response(200, json={"text": "x", "output_ids": ids, "meta_info": meta})
@@ -40,12 +43,13 @@ PROMPTS = [[i, i + 1, i + 2, i + 3] for i in range(0, 40, 4)]
 def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
     transport, seen = mock_generate(verify_every=2)
     entry = live.Entry("EAGLE3 S3", "cmd", concurrency=[1, 4], steps=3, topk=1, draft_tokens=4, algorithm="EAGLE3")
-    windows, first = live.measure_server("http://sg:1", entry, PROMPTS, repeats=2, warmup=2, max_new_tokens=4,
-                                         transport=transport)
+    windows, first = live.measure_server(
+        "http://sg:1", entry, PROMPTS, repeats=2, warmup=2, max_new_tokens=4, transport=transport
+    )
     assert len(windows) == 4 and seen["flush"] == 4
     assert len(seen["bodies"]) == 2 + 4 * len(PROMPTS)
     assert all(b["sampling_params"] == {"temperature": 0, "max_new_tokens": 4} for b in seen["bodies"])
-    assert [b["input_ids"] for b in seen["bodies"][2:2 + len(PROMPTS)]] == PROMPTS
+    assert [b["input_ids"] for b in seen["bodies"][2 : 2 + len(PROMPTS)]] == PROMPTS
     w = windows[0]
     assert w.completion_tokens == 40 and w.verify_steps == 20 and w.acceptance_length == pytest.approx(2.0)
     assert [r.index for r in first] == list(range(len(PROMPTS)))  # batch-1 outputs, in prompt order
@@ -54,20 +58,29 @@ def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
 
 def test_a_plain_server_has_no_acceptance_and_a_dead_one_fails_loudly():
     transport, _ = mock_generate(verify_every=None)
-    windows, _ = live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0,
-                                     max_new_tokens=4, transport=transport)
+    windows, _ = live.measure_server(
+        "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0, max_new_tokens=4, transport=transport
+    )
     assert windows[0].acceptance_length is None and windows[0].verify_steps is None
     dead = httpx.MockTransport(lambda r: httpx.Response(503, text="down"))
     with pytest.raises(RuntimeError, match="every request failed"):
-        live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0,
-                            max_new_tokens=4, transport=dead)
+        live.measure_server(
+            "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0, max_new_tokens=4, transport=dead
+        )
 
 
 def test_an_answer_without_output_ids_is_an_error_not_a_match():
     bad = httpx.MockTransport(lambda r: httpx.Response(200, json={"text": "x", "meta_info": {"completion_tokens": 1}}))
     with pytest.raises(RuntimeError, match="no 'output_ids'"):
-        live.measure_server("http://b:1", live.Entry("baseline", "cmd"), PROMPTS[:2], repeats=1, warmup=0,
-                            max_new_tokens=4, transport=bad)
+        live.measure_server(
+            "http://b:1",
+            live.Entry("baseline", "cmd"),
+            PROMPTS[:2],
+            repeats=1,
+            warmup=0,
+            max_new_tokens=4,
+            transport=bad,
+        )
 
 
 def test_agreement_counts_identical_outputs_and_common_prefix():
@@ -81,12 +94,28 @@ def test_agreement_counts_identical_outputs_and_common_prefix():
 
 
 def _write_result(out, label, tok_s, completion, verify, outputs, concurrency=1, **extra):
-    w = Window(label, "u", concurrency, 0, len(outputs), completion, verify, completion / tok_s, tok_s,
-               completion / verify if verify else None, True, 0, True)
-    live._append_jsonl(out / "windows.jsonl", [{**w.__dict__, "steps": extra.get("steps"),
-                                                "server_avg_accept_length": extra.get("server")}])
-    live._append_jsonl(out / "outputs" / f"{live.slug(label)}.jsonl",
-                       [{"index": i, "output_ids": o} for i, o in enumerate(outputs)])
+    w = Window(
+        label,
+        "u",
+        concurrency,
+        0,
+        len(outputs),
+        completion,
+        verify,
+        completion / tok_s,
+        tok_s,
+        completion / verify if verify else None,
+        True,
+        0,
+        True,
+    )
+    live._append_jsonl(
+        out / "windows.jsonl",
+        [{**w.__dict__, "steps": extra.get("steps"), "server_avg_accept_length": extra.get("server")}],
+    )
+    live._append_jsonl(
+        out / "outputs" / f"{live.slug(label)}.jsonl", [{"index": i, "output_ids": o} for i, o in enumerate(outputs)]
+    )
 
 
 def test_summary_gives_speedup_against_the_baseline_and_agreement(tmp_path):
@@ -101,9 +130,18 @@ def test_summary_gives_speedup_against_the_baseline_and_agreement(tmp_path):
 
 
 def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
-    entries = study_entries("/m", "/d", chain=[1, 2, 6], main_steps=6, trees=_trees("5x4x8,6x8x16"),
-                            concurrency=[1, 4, 16, 64], wrong_flag=True, max_running_requests=64, port=31000,
-                            extra=("--attention-backend", "triton"))
+    entries = study_entries(
+        "/m",
+        "/d",
+        chain=[1, 2, 6],
+        main_steps=6,
+        trees=_trees("5x4x8,6x8x16"),
+        concurrency=[1, 4, 16, 64],
+        wrong_flag=True,
+        max_running_requests=64,
+        port=31000,
+        extra=("--attention-backend", "triton"),
+    )
     by = {e.label: e for e in entries}
     assert list(by)[0] == "baseline" and by["baseline"].concurrency == [1, 4, 16, 64]
     assert by["EAGLE3 S6 K1 D7"].concurrency == [1, 4, 16, 64] and by["EAGLE3 S1 K1 D2"].concurrency == [1]
@@ -143,11 +181,15 @@ def test_break_even_fitted_to_the_servers_cycle_costs(tmp_path):
 
 
 def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
-    from draftlab.sglang.report import sglang_summary
+    from draftlab.benchmark_acceptance.sglang_report import sglang_summary
 
     study = tmp_path / "sglang" / "study"
-    rows = [("baseline", 800.0, 1000, None, None, None), ("EAGLE3 S6 K1 D7", 1200.0, 1000, 400, "EAGLE3", 6),
-            ("EAGLE3 S3 K1 D4", 1000.0, 1000, 450, "EAGLE3", 3), ("EAGLE EAGLE S6 K1 D7", 500.0, 1000, 980, "EAGLE", 6)]
+    rows = [
+        ("baseline", 800.0, 1000, None, None, None),
+        ("EAGLE3 S6 K1 D7", 1200.0, 1000, 400, "EAGLE3", 6),
+        ("EAGLE3 S3 K1 D4", 1000.0, 1000, 450, "EAGLE3", 3),
+        ("EAGLE EAGLE S6 K1 D7", 500.0, 1000, 980, "EAGLE", 6),
+    ]
     for label, tps, tokens, verify, algo, steps in rows:
         _write_result(study, label, tps, tokens, verify, [[1, 2]], steps=steps)
     recs = [json.loads(x) for x in (study / "windows.jsonl").read_text().splitlines()]
@@ -155,9 +197,28 @@ def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
         r.update(algorithm=algo, topk=1 if algo else None, draft_tokens=steps + 1 if steps else None)
     (study / "windows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "sglang" / "version.txt").write_text("0.5.17\n")
-    (tmp_path / "sglang" / "oracle_chain.json").write_text(json.dumps([
-        {"mode": "EAGLE3", "num_steps": 6, "topk": 1, "num_draft_tokens": 7, "acceptance_length": 2.45, "samples": 2},
-        {"mode": "EAGLE3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4, "acceptance_length": 2.2, "samples": 2}]))
+    (tmp_path / "sglang" / "oracle_chain.json").write_text(
+        json.dumps(
+            [
+                {
+                    "mode": "EAGLE3",
+                    "num_steps": 6,
+                    "topk": 1,
+                    "num_draft_tokens": 7,
+                    "acceptance_length": 2.45,
+                    "samples": 2,
+                },
+                {
+                    "mode": "EAGLE3",
+                    "num_steps": 3,
+                    "topk": 1,
+                    "num_draft_tokens": 4,
+                    "acceptance_length": 2.2,
+                    "samples": 2,
+                },
+            ]
+        )
+    )
     metrics = {"03_regenerate": {"backend": "server", "splits": {"train": {"tok_s": 41000.0, "rows_done": 10}}}}
     s, src = sglang_summary(tmp_path, metrics)
     assert s["sglang_version"] == "0.5.17" and s["sglang_baseline_tok_s_batch1"] == pytest.approx(800)

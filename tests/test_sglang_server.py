@@ -1,4 +1,4 @@
-"""draftlab.sglang.server: real child processes started, health-checked, and never left behind."""
+"""core.process and sglang.server: real child processes started, health-checked, and never left behind."""
 
 import json
 import os
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.serve import free_port, sglang_speculative_command
-from draftlab.sglang.server import ServerProcess, ServerStartError, SGLangServer, sglang_argv, stop_stale
+from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
+from draftlab.core.serve import free_port, sglang_speculative_command
+from draftlab.sglang.server import SGLangServer, sglang_argv
 
 HEALTH = Path(__file__).parent / "helpers_sglang" / "health_server.py"
 
@@ -41,9 +42,13 @@ def _grandchild(log: Path) -> int:
 
 def _server(tmp_path, *extra, timeout=20.0):
     port = free_port()
-    return ServerProcess([sys.executable, str(HEALTH), str(port), *extra], tmp_path / "logs" / "srv.log",
-                         base_url=f"http://127.0.0.1:{port}", startup_timeout=timeout,
-                         registry=tmp_path / "registry")
+    return ServerProcess(
+        [sys.executable, str(HEALTH), str(port), *extra],
+        tmp_path / "logs" / "srv.log",
+        base_url=f"http://127.0.0.1:{port}",
+        startup_timeout=timeout,
+        registry=tmp_path / "registry",
+    )
 
 
 def test_start_waits_for_health_and_stop_takes_the_whole_group(tmp_path):
@@ -69,9 +74,13 @@ def test_no_health_within_the_timeout_is_a_clear_error_and_nothing_is_left(tmp_p
 
 
 def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
-    srv = ServerProcess([sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"],
-                        tmp_path / "x.log", base_url=f"http://127.0.0.1:{free_port()}", startup_timeout=20,
-                        registry=tmp_path / "registry")
+    srv = ServerProcess(
+        [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"],
+        tmp_path / "x.log",
+        base_url=f"http://127.0.0.1:{free_port()}",
+        startup_timeout=20,
+        registry=tmp_path / "registry",
+    )
     with pytest.raises(ServerStartError, match=r"exited with code 3(.|\n)*bad flag --x"):
         srv.start()
 
@@ -81,11 +90,11 @@ def test_a_sigkill_of_the_parent_takes_the_server_down(tmp_path):
     port = free_port()
     parent = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(Path(__file__).parents[1] / 'lib')!r})
-        from draftlab.sglang.server import ServerProcess
-        srv = ServerProcess([sys.executable, {str(HEALTH)!r}, "{port}"], {str(tmp_path / 'p.log')!r},
+        sys.path.insert(0, {str(Path(__file__).parents[1] / "lib")!r})
+        from draftlab.core.process import ServerProcess
+        srv = ServerProcess([sys.executable, {str(HEALTH)!r}, "{port}"], {str(tmp_path / "p.log")!r},
                             base_url="http://127.0.0.1:{port}", startup_timeout=20,
-                            registry={str(tmp_path / 'registry')!r}).start()
+                            registry={str(tmp_path / "registry")!r}).start()
         print(srv.pid, flush=True)
         time.sleep(600)
     """)
@@ -119,8 +128,9 @@ def test_stop_stale_stops_recorded_servers_and_spares_reused_pids(tmp_path):
 
 
 def test_sglang_server_from_draftlabs_own_launch_command(tmp_path):
-    cmd = sglang_speculative_command("/m/target", "/d/eagle3", num_steps=6, port=31007,
-                                     extra=("--attention-backend", "triton"))
+    cmd = sglang_speculative_command(
+        "/m/target", "/d/eagle3", num_steps=6, port=31007, extra=("--attention-backend", "triton")
+    )
     srv = SGLangServer(cmd, tmp_path / "s.log", python="/usr/bin/python3", registry=tmp_path / "r")
     assert srv.base_url == "http://127.0.0.1:31007"
     assert srv.argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
@@ -144,7 +154,7 @@ def test_the_serve_command_without_sglang_is_one_clear_error(tmp_path, capsys, m
 def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing(tmp_path, monkeypatch):
     """draftlab.sglang.live.measure over real server processes: one that never starts (recorded,
     the rest measured), all stopped afterwards, and a rerun measures nothing twice."""
-    from draftlab.sglang import live
+    from draftlab.benchmark_acceptance import sglang_live as live
 
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
     ports = {}
@@ -153,14 +163,21 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
 
     def server(entry, log):
         ports[entry.label] = port = free_port()
-        srv = ServerProcess([sys.executable, str(HEALTH), str(port), *args[entry.label]], log,
-                            base_url=f"http://127.0.0.1:{port}", startup_timeout=3 if entry.label == "broken" else 20,
-                            registry=tmp_path / "registry")
+        srv = ServerProcess(
+            [sys.executable, str(HEALTH), str(port), *args[entry.label]],
+            log,
+            base_url=f"http://127.0.0.1:{port}",
+            startup_timeout=3 if entry.label == "broken" else 20,
+            registry=tmp_path / "registry",
+        )
         pids.append(srv)
         return srv
 
-    entries = [live.Entry("baseline", "cmd"), live.Entry("EAGLE3 S3 K1 D4", "cmd", [1, 2], 3, 1, 4, "EAGLE3"),
-               live.Entry("broken", "cmd")]
+    entries = [
+        live.Entry("baseline", "cmd"),
+        live.Entry("EAGLE3 S3 K1 D4", "cmd", [1, 2], 3, 1, 4, "EAGLE3"),
+        live.Entry("broken", "cmd"),
+    ]
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
     done = live.measure(entries, prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3, server=server)
     assert done == ["baseline", "EAGLE3 S3 K1 D4"]
@@ -171,5 +188,6 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
     table = live.summarize(tmp_path / "out").set_index(["label", "concurrency"])
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "acceptance_length"] == pytest.approx(8 / 5)  # 3+3+2 tokens, 2+2+1 steps
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "identical"] == 3  # same fixture outputs as the baseline
-    assert live.measure(entries[:2], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3,
-                        server=server) == []
+    assert (
+        live.measure(entries[:2], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3, server=server) == []
+    )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from draftlab import sources as S
-from draftlab import sources_offline as offline
-from draftlab.records import conversation_id
+from draftlab.core.records import conversation_id
+from draftlab.dataset_discovery import offline
+from draftlab.dataset_discovery import sources as S
 
 FIXTURES = Path(__file__).parents[1] / "data" / "fixtures"
 

@@ -6,9 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
-from draftlab import specdec as sd
-from draftlab.draft import Eagle3Draft, draft_config_for_target
-from draftlab.hidden import final_feature, target_states
+from draftlab import engine as sd
+from draftlab.engine import runners, runs
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import final_feature, target_states
 
 PROMPTS = [
     "Hello there", "Write a poem about cats.", "What is 2+2?", "def f(x):", "Tell me a joke.",
@@ -30,8 +31,13 @@ def _one_thread():
 def hf_greedy(target, ids, max_new):
     """The target's own greedy decoding through transformers' generate (the ground truth)."""
     with torch.no_grad():
-        out = target.model.generate(torch.tensor([ids], device=target.model.device), max_new_tokens=max_new, do_sample=False,
-                                    eos_token_id=target.eos_token_ids, pad_token_id=target.eos_token_ids[0])
+        out = target.model.generate(
+            torch.tensor([ids], device=target.model.device),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=target.eos_token_ids,
+            pad_token_id=target.eos_token_ids[0],
+        )
     return out[0, len(ids):].tolist()
 
 
@@ -109,7 +115,7 @@ def test_eagle1_variant_is_lossless(tiny_target, reference, prompt_ids):
 
 
 def test_runner_features_match_hidden_module(tiny_target, prompt_ids):
-    """The hooks give what draft training used (draftlab.hidden): aux layers and the post-norm final."""
+    """The hooks give what draft training used (draftlab.model.hidden): aux layers and the post-norm final."""
     ids = prompt_ids[0]
     aux, last, _ = target_states(tiny_target, torch.tensor([ids]))
     with torch.no_grad():
@@ -193,7 +199,7 @@ def test_embedded_target_lossless_fp32(embedded_target):
 
 @pytest.mark.gpu
 def test_cuda_graphs_match_eager_fp32():
-    from draftlab.target import load_target
+    from draftlab.model.target import load_target
 
     target = load_target("tiny", device="cuda", dtype="float32")
     ids = sd.encode_prompts(target, PROMPTS[:6])
@@ -232,7 +238,7 @@ class FakeGraphed:
 
 def test_graph_plumbing_is_lossless_with_static_buffers(tiny_target, draft, prompt_ids, reference, monkeypatch):
     """The CUDA-graph code path (captured up front, static buffers reused) run on the CPU."""
-    monkeypatch.setattr(sd, "Graphed", FakeGraphed)
+    monkeypatch.setattr(runners, "Graphed", FakeGraphed)
     engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(num_steps=4, max_new_tokens=MAX_NEW, cuda_graphs=True),
                            max_len=256)
     engine.capture()
@@ -251,7 +257,7 @@ def test_tree_graph_plumbing_matches_eager(tiny_target, draft, prompt_ids, refer
     eager = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=False), max_len=256)
     want = [eager.speculative(p).accepted for p in prompt_ids]
     eager.close()
-    monkeypatch.setattr(sd, "Graphed", FakeGraphed)
+    monkeypatch.setattr(runners, "Graphed", FakeGraphed)
     engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=True), max_len=256)
     engine.capture()
     assert sorted(engine.runner.graphs) == [1, 8] and sorted(engine.draft_runner.graphs) == [1, 2, 3, 4]
@@ -283,7 +289,7 @@ def test_bucketed_prefill_hides_its_padding(tiny_target, draft, prompt_ids, refe
 def test_prefill_graphs_are_captured_before_the_prompts(tiny_target, draft, prompt_ids, reference, monkeypatch):
     """capture(prompt_lengths) records one target and one draft prefill graph per bucket, so a timed
     run never captures; replaying them is lossless."""
-    monkeypatch.setattr(sd, "Graphed", FakeGraphed)
+    monkeypatch.setattr(runners, "Graphed", FakeGraphed)
     engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=MAX_NEW, cuda_graphs=True,
                                                             prefill_bucket=16), max_len=256)
     engine.capture([len(p) for p in prompt_ids])
@@ -303,8 +309,14 @@ def test_failed_graph_capture_falls_back_to_eager(tiny_target, draft, prompt_ids
     """Graphs asked for where they cannot be captured (the CPU): the run goes on eagerly, lossless,
     and reports that graphs were off and why."""
     with pytest.warns(UserWarning, match="CUDA graphs off"):
-        res = sd.compare(tiny_target, draft, prompt_ids[:3], sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
-                         eval_set="unit", progress=False)
+        res = sd.compare(
+            tiny_target,
+            draft,
+            prompt_ids[:3],
+            sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
+            eval_set="unit",
+            progress=False,
+        )
     assert res["lossless"] and res["cuda_graphs"] is False and res["cuda_graphs_error"]
 
 
@@ -319,8 +331,8 @@ def test_graph_replay_that_differs_from_eager_is_refused(tiny_target, draft, pro
                 first.add_(1)  # every graphed greedy token off by one
             return out
 
-    monkeypatch.setattr(sd, "Graphed", WrongGraphed)
-    sd._GRAPHS_CHECKED.clear()
+    monkeypatch.setattr(runners, "Graphed", WrongGraphed)
+    runs._GRAPHS_CHECKED.clear()
     with pytest.warns(UserWarning, match="differs|decoded"):
         engine = sd.graphed_engine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
                                    256, prompt_ids[0])
@@ -344,8 +356,8 @@ def test_draft_graph_that_loses_acceptance_is_refused(tiny_target, draft, prompt
                 (out[0] if isinstance(out, tuple) else out).add_(1)  # every drafted token off by one
             return out
 
-    monkeypatch.setattr(sd, "Graphed", WrongDraftGraphed)
-    sd._GRAPHS_CHECKED.clear()
+    monkeypatch.setattr(runners, "Graphed", WrongDraftGraphed)
+    runs._GRAPHS_CHECKED.clear()
     with pytest.warns(UserWarning, match="accepted"):
         engine = sd.graphed_engine(tiny_target, draft, sd.SpecConfig(**cfg, cuda_graphs=True), 256, probe)
     assert not engine.use_graphs and "accepted" in engine.graph_error
@@ -355,7 +367,7 @@ def test_draft_graph_that_loses_acceptance_is_refused(tiny_target, draft, prompt
 @pytest.mark.parametrize("use_aux", [True, False])
 def test_first_draft_token_matches_teacher_forcing(tiny_target, reference, prompt_ids, use_aux):
     """At every cycle root m the engine's first draft token is accepted exactly when the draft run
-    teacher-forced over the final sequence (as in training: draftlab.hidden features, one pass)
+    teacher-forced over the final sequence (as in training: draftlab.model.hidden features, one pass)
     predicts token m+1: the engine feeds the features and positions training used."""
     common = [t for t, _ in Counter(t for r in reference for t in r).most_common(6)]
     d = random_draft(tiny_target, common, use_aux=use_aux, seed=3)

@@ -4,7 +4,7 @@ import shutil
 import pytest
 import torch
 
-from draftlab import target as tg
+from draftlab.model import target as tg
 
 
 def test_tiny_target_shape_and_tokens(tiny_target):
@@ -85,7 +85,7 @@ def test_cudnn_attention_is_turned_off_unless_asked(monkeypatch):
     DRAFTLAB_CUDNN_SDPA=1 keeps it, to measure both ways. The flag is global, so it is restored."""
     import torch
 
-    from draftlab.target import avoid_cudnn_attention
+    from draftlab.model.target import avoid_cudnn_attention
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from draftlab.train import TrainConfig, plan_epoch, summarize, train
+from draftlab.train_draft import TrainConfig, plan_epoch, summarize, train
 
 
 def write_fixture(folder, n_train: int = 32, n_val: int = 8, new_tokens: int = 24):
@@ -14,8 +14,8 @@ def write_fixture(folder, n_train: int = 32, n_val: int = 8, new_tokens: int = 2
     target's arg-max tokens are in the draft vocabulary, as with real regenerated data)."""
     import random
 
-    from draftlab.records import make_conversation, write_jsonl
-    from draftlab.target import load_target
+    from draftlab.core.records import make_conversation, write_jsonl
+    from draftlab.model.target import load_target
 
     t = load_target("tiny", device="cpu")
     tok = t.tokenizer
@@ -121,8 +121,8 @@ def test_offline_equals_online_and_eagle1(fixture_files, tmp_path):
 def test_rounded_batch_length_trains_the_same_draft(fixture_files, tmp_path):
     """pad_multiple only adds masked padding columns (fewer distinct shapes on a GPU): same weights,
     online and offline."""
-    from draftlab.target import load_target
-    from draftlab.train import collate
+    from draftlab.model.target import load_target
+    from draftlab.train_draft import collate
 
     ds = [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}, {"input_ids": [4, 5], "loss_mask": [0, 1]}]
     rows = {"input_ids": [r["input_ids"] for r in ds], "loss_mask": [r["loss_mask"] for r in ds]}
@@ -136,7 +136,10 @@ def test_rounded_batch_length_trains_the_same_draft(fixture_files, tmp_path):
         for k, v in one["draft"].state_dict().items():
             assert torch.allclose(v.float(), wide["draft"].state_dict()[k].float(), atol=1e-5), (hidden, k)
     with pytest.raises(ValueError, match="attention"):
-        train(small_config(fixture_files, tmp_path / "bad" / "eagle3", attention="fastest"), target=load_target("tiny", device="cpu"))
+        train(
+            small_config(fixture_files, tmp_path / "bad" / "eagle3", attention="fastest"),
+            target=load_target("tiny", device="cpu"),
+        )
 
 
 @pytest.mark.gpu
@@ -154,8 +157,8 @@ def test_gpu_bf16_online_and_offline(fixture_files, tmp_path):
 def test_offline_precompute_resumes_after_a_crash(fixture_files, tmp_path, tiny_target, capsys):
     from safetensors.torch import load_file
 
-    from draftlab.chat_data import load_tokenized
-    from draftlab.hidden import OfflineHidden, precompute_hidden, target_states
+    from draftlab.model.chat_data import load_tokenized
+    from draftlab.model.hidden import OfflineHidden, precompute_hidden, target_states
 
     ds, _ = load_tokenized(fixture_files[0], tiny_target.tokenizer, 256)
     full = precompute_hidden(tiny_target, ds, tmp_path / "a", batch_tokens=256, shard_tokens=300, dtype=torch.float32)
@@ -184,7 +187,7 @@ def test_offline_precompute_resumes_after_a_crash(fixture_files, tmp_path, tiny_
 @pytest.mark.slow
 def test_side_by_side_equals_one_after_the_other(fixture_files, tmp_path):
     """Two archs trained at once in two processes give the weights of in-process training."""
-    from draftlab.train_parallel import train_side_by_side
+    from draftlab.train_draft.parallel import train_side_by_side
 
     cfgs = [small_config(fixture_files, tmp_path / "par" / arch, arch=arch, epochs=1, threads=1)
             for arch in ("eagle3", "eagle1")]
@@ -203,8 +206,8 @@ def test_side_by_side_equals_one_after_the_other(fixture_files, tmp_path):
 def test_checkpoint_draft_reads_the_layers_it_was_trained_on(fixture_files, tmp_path):
     """A checkpoint stores the in-memory config (hidden_states indices): loading it must not read
     them as SGLang's exported ids (+1), or every layer shifts by one, silently."""
-    from draftlab.export import export_draft, validate
-    from draftlab.train import load_checkpoint_draft
+    from draftlab.model.export import export_draft, validate
+    from draftlab.train_draft import load_checkpoint_draft
 
     r = train(small_config(fixture_files, tmp_path / "eagle3", epochs=1, stop_after=1))
     draft, target = load_checkpoint_draft(tmp_path / "eagle3", device="cpu")
@@ -216,7 +219,7 @@ def test_checkpoint_draft_reads_the_layers_it_was_trained_on(fixture_files, tmp_
 
 
 def test_side_by_side_children_split_the_cores(monkeypatch):
-    from draftlab.train_parallel import child_env
+    from draftlab.train_draft.parallel import child_env
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 16)

@@ -13,24 +13,24 @@ import sys
 
 # name -> (module, function that adds the subparser), in help order.
 COMMANDS = {
-    "run": ("draftlab.runner", "add_run_parser"),
-    "target": ("draftlab.target_cli", "add_target_parser"),
-    "blend": ("draftlab.blend", "add_blend_parser"),
-    "regenerate": ("draftlab.regenerate", "add_regenerate_parser"),
-    "monitor": ("draftlab.monitor", "add_monitor_parser"),
-    "train": ("draftlab.train", "add_train_parser"),
-    "export": ("draftlab.export", "add_export_parser"),
-    "doctor": ("draftlab.doctor", "add_doctor_parser"),
+    "run": ("draftlab.run.runner", "add_run_parser"),
+    "target": ("draftlab.environment_check.cli", "add_target_parser"),
+    "blend": ("draftlab.blend.cli", "add_blend_parser"),
+    "regenerate": ("draftlab.regenerate.cli", "add_regenerate_parser"),
+    "monitor": ("draftlab.regenerate.cli", "add_monitor_parser"),
+    "train": ("draftlab.train_draft.cli", "add_train_parser"),
+    "export": ("draftlab.train_draft.cli", "add_export_parser"),
+    "doctor": ("draftlab.flag_diagnosis.cli", "add_doctor_parser"),
     "sglang": ("draftlab.sglang.cli", "add_sglang_parser"),
 }
-# `draftlab bench <what>`: each benchmark is owned by its stage's module.
+# `draftlab bench <what>`: each benchmark is owned by its stage's cli module.
 BENCHES = {
-    "blend": ("draftlab.blend", "add_bench_blend_parser"),
-    "client": ("draftlab.regenerate", "add_bench_client_parser"),
-    "generate": ("draftlab.regen_batch", "add_bench_generate_parser"),
-    "live": ("draftlab.bench", "add_bench_live_parser"),
-    "specdec": ("draftlab.specdec", "add_bench_specdec_parser"),
-    "sglang": ("draftlab.sglang.study", "add_bench_sglang_parser"),
+    "blend": ("draftlab.blend.cli", "add_bench_blend_parser"),
+    "client": ("draftlab.regenerate.cli", "add_bench_client_parser"),
+    "generate": ("draftlab.regenerate.cli", "add_bench_generate_parser"),
+    "live": ("draftlab.benchmark_acceptance.cli", "add_bench_live_parser"),
+    "specdec": ("draftlab.benchmark_acceptance.cli", "add_bench_specdec_parser"),
+    "sglang": ("draftlab.benchmark_acceptance.cli", "add_bench_sglang_parser"),
 }
 
 

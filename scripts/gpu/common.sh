@@ -25,7 +25,7 @@ export DRAFTLAB_CACHE=$DL/cache DRAFTLAB_EMBEDDED_GGUF=$DL/model.gguf
 export PYTHONPATH=$REPO/lib:$SITE${PYTHONPATH:+:$PYTHONPATH}
 # no MPLBACKEND here: notebooks keep ipykernel's inline backend, so executed notebooks embed their figures
 # (Agg showed `PosixPath(...)` where the plots belong); scripts without a display fall back to Agg anyway
-EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/target.py)
+EMBEDDED_SHA256=$(sed -n 's/^EMBEDDED_SHA256 = "\([0-9a-f]*\)"/\1/p' lib/draftlab/model/target.py)
 # Stage order: 07 last, because it is time-boxed and resumable and absorbs what time is left.
 # STAGES="..." (env) runs another list; P<NN>="-p KEY VALUE ..." adds overrides to stage NN.
 read -r -a STAGES <<< "${STAGES:-00 01 02 03 04 06 05 07}"
@@ -55,7 +55,7 @@ ensure_gguf() {
   fi
   cat "$aa" .device/b/part-ab > "$DL/model.gguf"
   (cd "$DL" && echo "$EMBEDDED_SHA256  model.gguf" | sha256sum -c -) || { rm -f "$DL/model.gguf"; return 1; }
-  cmp -s <(cut -d' ' -f1 .device/b/model.gguf.sha256) <(echo "$EMBEDDED_SHA256") || say "note: .device/b/model.gguf.sha256 differs from target.py's EMBEDDED_SHA256"
+  cmp -s <(cut -d' ' -f1 .device/b/model.gguf.sha256) <(echo "$EMBEDDED_SHA256") || say "note: .device/b/model.gguf.sha256 differs from model/target.py's EMBEDDED_SHA256"
   touch "$DL/model.gguf.ok"
 }
 
@@ -82,15 +82,7 @@ ensure_all() {
 }
 
 stage_done() {  # 0 when notebook $1's metrics are in metrics.json (07: and it is complete)
-  python3 - "$RUN/metrics.json" "$1" <<'PY'
-import json, sys
-from pathlib import Path
-p, nb = Path(sys.argv[1]), sys.argv[2]
-m = json.loads(p.read_text()) if p.is_file() else {}
-key = next((k for k in m if k.split("_")[0] == nb), None)
-ok = key is not None and (nb != "07" or m[key].get("complete", False))
-sys.exit(0 if ok else 1)
-PY
+  python3 -m draftlab.run.gpu_steps stage-done "$RUN" "$1"
 }
 
 run_until() {  # run "$@" until it ends or the deadline passes; then stop it and its kernel (by pid)
@@ -123,14 +115,7 @@ run_stage() {  # run_stage NN [-p KEY VALUE ...]: one notebook of the full profi
   mkdir -p "$RUN/params.d"
   [ -f "$RUN/params.yaml" ] && cp "$RUN/params.yaml" "$RUN/params.d/$nb.yaml"
   # this call's wall time, a cut call's included (the runner records only calls that finish)
-  python3 - "$RUN/params.d/$nb.seconds.json" "$name" $(( $(date +%s) - t_start )) <<'PY'
-import json, sys
-from pathlib import Path
-path, name, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-old = json.loads(path.read_text()) if path.is_file() else {}
-old[name] = old.get(name, 0) + seconds
-path.write_text(json.dumps(old))
-PY
+  python3 -m draftlab.run.gpu_steps add-seconds "$RUN/params.d/$nb.seconds.json" "$name" $(( $(date +%s) - t_start ))
   say "stage $nb: exit $rc"
   return $rc
 }
@@ -219,17 +204,7 @@ bench_train_offline() {  # issue 5: offline hidden states: precompute time, shar
     --target embedded --device cuda --hidden offline --max-train-samples "${OFFLINE_SAMPLES:-2000}" \
     --draft-vocab-size 16000 --ttt-steps 7 --max-len 2048 --epochs 1 --batch-tokens 16384 --max-batch 64 \
     --lr 5e-4 --eval-every 100000 --save-every 100000 --log-every 10 --stop-after "${OFFLINE_STEPS:-40}" \
-    && python3 - "$d" "$RUN/bench/train_offline.json" <<'PY'
-import csv, json, sys
-from pathlib import Path
-d, out = Path(sys.argv[1]), Path(sys.argv[2])
-rows = list(csv.DictReader(open(d / "eagle3" / "train.csv")))
-summ = json.loads((d / "eagle3" / "summary.json").read_text()) if (d / "eagle3" / "summary.json").is_file() else {}
-size = sum(f.stat().st_size for f in (d / "hidden").rglob("*") if f.is_file())
-out.write_text(json.dumps({"train_csv_last": rows[-1] if rows else None, "summary": summ,
-                           "hidden_bytes": size, "note": "offline hidden states, embedded target, bf16 shards"}, indent=1))
-print(out.read_text())
-PY
+    && python3 -m draftlab.run.gpu_steps offline-summary "$d" "$RUN/bench/train_offline.json"
   say "bench: offline exit $?"
 }
 
@@ -241,11 +216,10 @@ bench_train_shapes() {  # training tok/s by batch-length rounding and attention 
   cp .device/bench/*.json .device/bench/*.jinja "$b"/ && xz -dc .device/bench/tokenizer.json.xz > "$b/tokenizer.json" \
     && xz -dc .device/bench/train.jsonl.xz > "$b/train.jsonl" || return 0
   for v in ${SHAPE_VARIANTS:-1:cudnn 64:cudnn 1:auto 64:auto}; do
-    timeout 150 python3 scripts/gpu/bench_train_shapes.py "$b" "${v%%:*}" "${SHAPE_STEPS:-50}" \
+    timeout 150 python3 benchmarks/bench_train_shapes.py "$b" "${v%%:*}" "${SHAPE_STEPS:-50}" \
       "$b/pad${v%%:*}_${v##*:}.json" --attention "${v##*:}" 2>&1 | grep -v "it/s\|step/s\|conv/s"
   done
-  python3 -c "import json,sys; print(json.dumps([json.load(open(f)) for f in sys.argv[1:]], indent=1))" "$b"/pad*.json \
-    > "$RUN/bench/train_shapes.json" && cat "$RUN/bench/train_shapes.json"
+  python3 -m draftlab.run.gpu_steps merge-json "$RUN/bench/train_shapes.json" "$b"/pad*.json
 }
 
 save_state() {  # what a cold machine needs to resume: run data and results, no weights, no checkpoints
@@ -277,13 +251,13 @@ save_draft() {  # the exported EAGLE-3 draft (bf16, ~29 MB) in 15 MB parts: for 
 }
 
 pack_reference() {  # results/reference for the commit: no weights, no data; $OUT/reference.tar.gz
-  python3 scripts/gpu/summary.py "$RUN" || return 1
+  python3 -m draftlab.run.summary "$RUN" || return 1
   local stage=$DL/pack/$RUN_ID
   rm -rf "$DL/pack" && mkdir -p "$stage"
   cp "$RUN"/params.yaml "$RUN"/metrics.json "$RUN"/summary.json "$RUN"/README.md "$stage"/ || return 1
   cp -r "$RUN"/figures "$RUN"/executed "$stage"/ || return 1
   [ -d "$RUN/bench" ] && cp -r "$RUN/bench" "$stage"/
-  [ -f "$RUN/run_notes.md" ] && cp "$RUN/run_notes.md" "$stage"/  # summary.py puts it in README.md
+  [ -f "$RUN/run_notes.md" ] && cp "$RUN/run_notes.md" "$stage"/  # run.summary puts it in README.md
   tar -czf "$OUT/reference.tar.gz" -C "$DL/pack" "$RUN_ID" || return 1
   cp "$RUN/summary.json" "$OUT/summary.json"
   say "packed: $(du -h "$OUT/reference.tar.gz" | cut -f1) ($(tar -tzf "$OUT/reference.tar.gz" | wc -l) entries)"

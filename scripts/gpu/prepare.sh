@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 scripts/fetch_gpu_wheels.sh
-gguf=$($PY -c "from draftlab.target import embedded_gguf; print(embedded_gguf())")
-sha=$($PY -c "from draftlab.target import EMBEDDED_SHA256; print(EMBEDDED_SHA256)")
+gguf=$($PY -c "from draftlab.model.target import embedded_gguf; print(embedded_gguf())")
+sha=$($PY -c "from draftlab.model.target import EMBEDDED_SHA256; print(EMBEDDED_SHA256)")
 mkdir -p .device/a .device/b
 if [ ! -f .device/b/model.gguf.sha256 ] || ! grep -q "$sha" .device/b/model.gguf.sha256 || \
    [ "$(cat .device/a/part-aa .device/b/part-ab 2>/dev/null | sha256sum | cut -d' ' -f1)" != "$sha" ]; then
@@ -30,7 +30,7 @@ echo "prepare: later calls carry .whl (and .device/state after a cold start): $(
 # target's config and tokenizer (no weights: it times random ones) and 3,000 conversations of
 # BENCH_DATA (a regenerated train.jsonl); carry it with call B.
 if [ -n "${BENCH_DATA:-}" ]; then
-  folder=$($PY -c "from draftlab.target import embedded_dir; print(embedded_dir())")
+  folder=$($PY -c "from draftlab.model.target import embedded_dir; print(embedded_dir())")
   rm -rf .device/bench && mkdir -p .device/bench
   cp "$folder"/config.json "$folder"/tokenizer_config.json "$folder"/chat_template.jinja .device/bench/
   xz -T2 -9 -c "$folder/tokenizer.json" > .device/bench/tokenizer.json.xz

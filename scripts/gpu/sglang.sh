@@ -21,12 +21,12 @@ MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
 DRAFT=${DRAFT:-$RUN/drafts/eagle3}  # a published draft instead (carry it; scripts/gpu/published_draft.sh)
 mkdir -p "$PARTS" "$SG"
 for d in .device/sgp/p* .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
-  [ -d "$d" ] && python3 -m draftlab.sglang.bundle stage --parts-dir "$d" --stage "$PARTS"
+  [ -d "$d" ] && python3 -m draftlab.sglang.install stage --parts-dir "$d" --stage "$PARTS"
 done
 say "phase $PHASE; bundle parts staged: $(ls "$PARTS" | paste -sd ' ')"
 
 install_sglang() {
-  python3 -m draftlab.sglang.bundle install --stage "$PARTS" --prefix "$PREFIX" || return 1  # a no-op once installed
+  python3 -m draftlab.sglang.install install --stage "$PARTS" --prefix "$PREFIX" || return 1  # a no-op once installed
   PYTHONPATH=$PREFIX:$PYTHONPATH python3 -c "import sglang, transformers, sgl_kernel; print(sglang.__version__)" > "$SG/version.txt" \
     && say "SGLang $(cat "$SG/version.txt") installed in $PREFIX"
 }

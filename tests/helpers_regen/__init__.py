@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftlab import records
-from draftlab.records import conversation_id
+from draftlab.core import records
+from draftlab.core.records import conversation_id
 
 TOPICS = ["rivers", "owls", "tides", "chess", "bread", "comets", "glaciers", "jazz", "maps"]
 
@@ -53,7 +53,7 @@ def all_shard_rows(work: Path) -> list[dict]:
 
 def tiny_folder() -> Path:
     """The tiny target's real folder (servable by `transformers serve`)."""
-    from draftlab.target import resolve_path
+    from draftlab.model.target import resolve_path
 
     return resolve_path("tiny")
 
@@ -75,7 +75,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
     """A real `transformers serve --continuous-batching` of the tiny target, one per test module."""
-    from draftlab.serve import LocalServer
+    from draftlab.core.serve import LocalServer
 
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     # one thread: the tiny model's ops are too small for two (measured 313-681 vs 45-60 tok/s

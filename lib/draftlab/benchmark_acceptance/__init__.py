@@ -1,0 +1,2 @@
+"""Notebook 06: acceptance length, speed and the break-even model (`draftlab bench specdec`, `bench live`)."""
+

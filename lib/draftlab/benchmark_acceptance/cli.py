@@ -1,0 +1,160 @@
+"""`draftlab bench live`, `bench specdec` and `bench sglang`: live servers, the reference engine, and
+SGLang servers started and measured by draftlab (benchmark_acceptance.sglang_study)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from draftlab.benchmark_acceptance import live as bench
+from draftlab.benchmark_acceptance.live import (
+    compare_live,
+    load_eval_set,
+    run_sweep,
+    sweep_grid,
+    sweep_plan,
+)
+from draftlab.benchmark_acceptance.sglang_study import add_bench_sglang_parser  # noqa: F401 (the command table)
+from draftlab.core.records import write_jsonl
+from draftlab.engine import (
+    MODES,
+    SpecConfig,
+    chain_sweep,
+    compare,
+    encode_prompts,
+    public,
+)
+from draftlab.model.draft import load_draft
+from draftlab.model.target import load_target
+
+# --------------------------------------------------------------------------- CLI
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def bench_live(args: argparse.Namespace) -> int:
+    """`draftlab bench live`: print a sweep plan, or benchmark a baseline and speculative URLs."""
+    if args.sweep_commands:
+        if not (args.model_path and args.draft_path):
+            raise SystemExit("--sweep-commands needs --model-path and --draft-path")
+        plan = sweep_plan(args.model_path, args.draft_path, sweep_grid(_ints(args.steps), _ints(args.topk),
+                                                                       _ints(args.draft_tokens)),
+                          max_running_requests=args.max_running_requests, port=args.port, algorithm=args.algorithm)
+        for entry in plan:
+            print(f"# {entry['label']}  ({entry['url']})\n{entry['command']}")
+        if args.plan:
+            Path(args.plan).write_text(json.dumps(plan, indent=2))
+            print(f"wrote {args.plan}")
+        return 0
+    prompts = [p["messages"] for p in load_eval_set(args.eval_set, args.run_dir, args.samples)]
+    kw = dict(model=args.model, concurrency=_ints(args.concurrency), repeats=args.repeats, warmup=args.warmup,
+              max_tokens=args.max_tokens, meta_info=not args.no_meta_info)
+    if args.plan and not args.baseline:
+        table, windows = run_sweep(json.loads(Path(args.plan).read_text()), prompts, eval_set=args.eval_set, **kw)
+    else:
+        if not args.baseline:
+            raise SystemExit("give --baseline URL (and --spec LABEL=URL ...), or --plan plan.json")
+        specs = dict(s.split("=", 1) if "=" in s else (s, s) for s in args.spec)
+        table, windows = compare_live(args.baseline, specs, prompts, eval_set=args.eval_set, **kw)
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table.to_string(index=False))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
+        write_jsonl(Path(args.out).with_suffix(".windows.jsonl"), (asdict(w) for w in windows))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def add_bench_live_parser(subparsers) -> None:
+    p = subparsers.add_parser("live", help="tokens/s and acceptance length of live SGLang endpoints; sweep commands")
+    p.add_argument("--baseline", help="URL of the plain target server (same --max-running-requests)")
+    p.add_argument("--spec", action="append", default=[], help="LABEL=URL of a speculative server (repeatable)")
+    p.add_argument("--model", default="default", help="the `model` field of requests")
+    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend | file.jsonl")
+    p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
+    p.add_argument("--samples", type=int, default=None, help="first N prompts of the set (default all)")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--no-meta-info", action="store_true", help="do not send return_meta_info (non-SGLang servers)")
+    p.add_argument("--out", help="CSV of the summary table (windows beside it as .windows.jsonl)")
+    p.add_argument("--sweep-commands", action="store_true", help="print SGLang launch commands for a grid")
+    p.add_argument("--plan", help="with --sweep-commands: write the plan here; else benchmark the plan's URLs")
+    p.add_argument("--model-path")
+    p.add_argument("--draft-path")
+    p.add_argument("--algorithm", default="EAGLE3", choices=("EAGLE3", "EAGLE"))
+    p.add_argument("--steps", default="1,3,5,7")
+    p.add_argument("--topk", default="1,4,8")
+    p.add_argument("--draft-tokens", default="8,16,32")
+    p.add_argument("--max-running-requests", type=int, default=48)
+    p.add_argument("--port", type=int, default=30000)
+    p.set_defaults(func=bench_live)
+
+# --------------------------------------------------------------------------- CLI
+
+def _load_prompts(args, target) -> tuple[str, list]:
+    prompts = bench.load_eval_set(args.eval_set, run_dir=args.run_dir, limit=args.samples)
+    return args.eval_set, [p["messages"] for p in prompts]
+
+
+def bench_specdec(args: argparse.Namespace) -> int:
+    """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check."""
+    torch.set_num_threads(args.threads)
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    draft = load_draft(args.draft, target)
+    name, prompts = _load_prompts(args, target)
+    ids = encode_prompts(target, prompts)
+    steps = [int(s) for s in args.steps.split(",")]
+    rows = []
+    graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
+    if args.topk == 1:
+        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name, cuda_graphs=graphs,
+                           prefill_bucket=args.prefill_bucket)
+    else:
+        for s in steps:
+            cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket)
+            rows.append(public(compare(target, draft, ids, cfg, name)))
+    for r in rows:
+        print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
+              f"D={r['num_draft_tokens']}: "
+              f"acceptance {r['acceptance_length']:.3f}, greedy {r['greedy']['tokens_per_s']:.1f} tok/s, "
+              f"spec {r['speculative']['tokens_per_s']:.1f} tok/s, speedup {r['speedup']:.3f}x "
+              f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rows, indent=2, default=str))
+        print(f"wrote {args.out}")
+    return 0 if all(r["lossless"] for r in rows) else 1
+
+
+def add_bench_specdec_parser(subparsers) -> None:
+    p = subparsers.add_parser("specdec", help="reference engine: acceptance length and speedup over its own greedy")
+    p.add_argument("--target", default="embedded", help="target spec (embedded, tiny, folder, hub id)")
+    p.add_argument("--draft", required=True, help="exported draft folder (RUN_DIR/drafts/eagle3)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", help="float32 (default: the lossless check is exact) or bfloat16")
+    p.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"), help="auto: on with CUDA")
+    p.add_argument("--prefill-bucket", type=int, default=None,
+                   help="pad prompts to a multiple of this for graphed prefills (default: 64 on CUDA, 0 elsewhere)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (2 only on a quiet CPU)")
+    p.add_argument("--mode", default="EAGLE3", choices=MODES)
+    p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
+    p.add_argument("--topk", type=int, default=1)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | "
+                                                           "file.jsonl")
+    p.add_argument("--run-dir", default="results/dev")
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.set_defaults(func=bench_specdec)

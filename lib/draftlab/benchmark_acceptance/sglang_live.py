@@ -1,0 +1,373 @@
+"""Measured in SGLang: servers started from a plan, the same token ids sent to each, one table.
+
+Why: the speed that counts is SGLang's, against its own plain decoding on the same prompts and
+the same `--max-running-requests`. Each plan entry (draftlab.bench.sweep_plan's launch commands)
+becomes a real server; all start at once on the one GPU (start-up, mostly CUDA-graph capture, is
+not measured: the first window waits for all of them) and are then measured one at a time while
+the others idle. Requests go to
+`/generate` with `input_ids` (the engine's own prompt ids, so engine and server see the same
+tokens) at temperature 0. Per window: tokens/s, and acceptance = sum(completion_tokens) /
+sum(spec_verify_ct) from meta_info (contract §5); after the windows `/server_info`'s lifetime
+average is kept beside it as a cross-check. The first batch-1 window's output ids are compared
+with the baseline's: identical-output rate and common-prefix length (bf16 is not bit-lossless
+in SGLang either).
+
+Resumable: each finished entry appends its windows to `OUT/windows.jsonl` and its outputs to
+`OUT/outputs/<label>.jsonl`; a rerun measures only the entries not yet there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from draftlab.benchmark_acceptance.breakeven import fit_costs
+from draftlab.benchmark_acceptance.live import (
+    Usage,
+    Window,
+    acceptance_length,
+    flush_cache,
+    parse_response,
+    summarize_windows,
+)
+from draftlab.core.process import ServerStartError, stop_stale
+from draftlab.sglang.server import SGLangServer
+
+__all__ = [
+    "Entry",
+    "Reply",
+    "run_window",
+    "measure",
+    "agreement",
+    "summarize",
+    "slug",
+    "cycle_rates",
+    "fit_server_costs",
+]
+
+
+@dataclass
+class Entry:
+    """One server of a study: its label, launch command and what to measure on it."""
+
+    label: str
+    command: str
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    steps: int | None = None
+    topk: int | None = None
+    draft_tokens: int | None = None
+    algorithm: str | None = None  # None: the plain baseline
+
+
+@dataclass
+class Reply:
+    index: int
+    output_ids: list[int]
+    usage: Usage
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_")
+
+
+def _generate_body(ids: list[int], max_new_tokens: int) -> dict:
+    return {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
+
+
+def _output_ids(body: dict, where: str) -> list[int]:
+    ids = body.get("output_ids")
+    if not isinstance(ids, list):
+        raise ValueError(f"{where}: no 'output_ids' list in the /generate answer (keys {sorted(body)})")
+    return [int(t) for t in ids]
+
+
+async def run_window(
+    client: httpx.AsyncClient, url: str, prompt_ids: list[list[int]], concurrency: int, max_new_tokens: int
+) -> tuple[list[Reply], list[str], float]:
+    """All prompts through /generate with at most `concurrency` in flight; (replies, errors, wall s)."""
+    sem = asyncio.Semaphore(concurrency)
+    errors: list[str] = []
+
+    async def one(i: int, ids: list[int]):
+        async with sem:
+            where = f"{url}/generate prompt {i}"
+            try:
+                r = await client.post(f"{url}/generate", json=_generate_body(ids, max_new_tokens))
+                r.raise_for_status()
+                body = r.json()
+                return Reply(i, _output_ids(body, where), parse_response(body, where))
+            except (httpx.HTTPError, ValueError) as exc:
+                errors.append(f"prompt {i}: {type(exc).__name__}: {exc}")
+                return None
+
+    t0 = time.perf_counter()
+    got = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompt_ids)))
+    return [g for g in got if g is not None], errors, time.perf_counter() - t0
+
+
+def _server_accept_length(info: dict | None) -> float | None:
+    """`internal_states[0].avg_spec_accept_length` of /server_info (a server-lifetime average)."""
+    if not info:
+        return None
+    states = info.get("internal_states") or [{}]
+    value = states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def measure_server(
+    url: str,
+    entry: Entry,
+    prompt_ids: list[list[int]],
+    *,
+    repeats: int,
+    warmup: int,
+    max_new_tokens: int,
+    timeout: float = 600.0,
+    transport=None,
+) -> tuple[list[Window], list[Reply]]:
+    """Warm-up, then `repeats` flushed windows per concurrency; the first batch-1 window's replies."""
+
+    async def go():
+        windows, first = [], None
+        limits = httpx.Limits(max_connections=max(entry.concurrency) + 4)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
+            if warmup:
+                await run_window(client, url, prompt_ids[:warmup], 1, max_new_tokens)
+            for c in entry.concurrency:
+                for rep in range(repeats):
+                    flushed = await flush_cache(client, url)
+                    replies, errors, wall = await run_window(client, url, prompt_ids, c, max_new_tokens)
+                    if not replies:
+                        raise RuntimeError(f"{entry.label}: every request failed; first: {errors[0]}")
+                    usages = [r.usage for r in replies]
+                    tokens = sum(u.completion_tokens for u in usages)
+                    al = acceptance_length(usages)
+                    verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
+                    windows.append(
+                        Window(
+                            entry.label,
+                            url,
+                            c,
+                            rep,
+                            len(replies),
+                            tokens,
+                            verify,
+                            wall,
+                            tokens / wall if wall else 0.0,
+                            al,
+                            flushed,
+                            len(errors),
+                            True,
+                        )
+                    )
+                    if first is None and c == 1:
+                        first = sorted(replies, key=lambda r: r.index)
+        return windows, first or []
+
+    return asyncio.run(go())
+
+
+def agreement(baseline: list[list[int]], other: list[list[int]]) -> dict:
+    """Identical outputs and the mean common prefix (tokens) of two runs over the same prompts."""
+    if len(baseline) != len(other):
+        raise ValueError(f"agreement: {len(baseline)} baseline outputs vs {len(other)}")
+
+    def prefix(a, b):
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    prefixes = [prefix(a, b) for a, b in zip(baseline, other)]
+    return {
+        "identical": sum(a == b for a, b in zip(baseline, other)),
+        "prompts": len(baseline),
+        "mean_common_prefix": sum(prefixes) / len(prefixes) if prefixes else None,
+        "mean_baseline_tokens": sum(map(len, baseline)) / len(baseline) if baseline else None,
+    }
+
+
+def _done_labels(out: Path) -> set[str]:
+    path = out / "windows.jsonl"
+    if not path.is_file():
+        return set()
+    return {json.loads(line)["label"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def _append_jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def measure(
+    entries: list[Entry],
+    prompt_ids: list[list[int]],
+    out: str | Path,
+    *,
+    repeats: int = 3,
+    warmup: int = 2,
+    max_new_tokens: int = 128,
+    env: dict | None = None,
+    python: str | None = None,
+    startup_timeout: float = 900.0,
+    deadline: float | None = None,
+    server=None,
+) -> list[str]:
+    """Start every server of `entries` not yet measured in `out`, all at once; measure them one at a
+    time; stop each after its windows. Returns the labels measured now. `deadline` (time.time())
+    stops before an entry once passed; what is done stays for the rerun. `server(entry, log_path)`
+    builds the server process (default: an SGLangServer from the entry's launch command)."""
+    out = Path(out)
+    stop_stale()
+    todo = [e for e in entries if e.label not in _done_labels(out)]
+    server = server or (
+        lambda e, log: SGLangServer(e.command, log, python=python, startup_timeout=startup_timeout, env=env)
+    )
+    servers = {e.label: server(e, out / "servers" / f"{slug(e.label)}.log") for e in todo}
+    measured = []
+    try:
+        for srv in servers.values():
+            srv.launch()
+        ready = set()
+        for e in todo:  # all up before the first window: start-up (graph capture) would disturb it
+            try:
+                servers[e.label].wait_ready()
+                ready.add(e.label)
+                print(f"{e.label}: ready after {servers[e.label].startup_s:.0f} s", flush=True)
+            except ServerStartError as exc:
+                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
+                print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
+        for e in (e for e in todo if e.label in ready):
+            if deadline is not None and time.time() > deadline:
+                print(f"deadline: {e.label} and later entries left for the next call", flush=True)
+                break
+            srv = servers[e.label]
+            t0 = time.perf_counter()
+            windows, first = measure_server(
+                srv.base_url, e, prompt_ids, repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens
+            )
+            info = srv.server_info()
+            srv.stop()
+            extra = {
+                "server_avg_accept_length": _server_accept_length(info),
+                "startup_s": srv.startup_s,
+                "steps": e.steps,
+                "topk": e.topk,
+                "draft_tokens": e.draft_tokens,
+                "algorithm": e.algorithm,
+                "command": e.command,
+            }
+            _append_jsonl(
+                out / "outputs" / f"{slug(e.label)}.jsonl",
+                [{"index": r.index, "output_ids": r.output_ids, **asdict(r.usage)} for r in first],
+            )
+            _append_jsonl(out / "windows.jsonl", [{**asdict(w), **extra} for w in windows])
+            line = ", ".join(
+                f"c={w.concurrency} {w.tokens_per_s:.0f} tok/s"
+                + (f" acc {w.acceptance_length:.3f}" if w.acceptance_length else "")
+                for w in windows[::repeats]
+            )
+            print(f"{e.label}: {line} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            measured.append(e.label)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return measured
+
+
+def summarize(out: str | Path, baseline: str = "baseline"):
+    """The study's table: per (label, concurrency) tok/s ± CI, pooled acceptance, speedup against
+    the baseline at the same concurrency, the server's own average, and agreement with the baseline."""
+    out = Path(out)
+    rows = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines() if line.strip()]
+    fields = Window.__dataclass_fields__
+    table = summarize_windows(
+        [Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline, samples=max(r["requests"] for r in rows)
+    )
+    extra = {r["label"]: r for r in rows}
+    for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):
+        table[key] = [extra[label].get(key) for label in table["label"]]
+
+    def outputs(label):
+        path = out / "outputs" / f"{slug(label)}.jsonl"
+        if not path.is_file():
+            return None
+        return [json.loads(line)["output_ids"] for line in path.read_text().splitlines() if line.strip()]
+
+    base = outputs(baseline)
+    agree = {
+        label: agreement(base, o)
+        if base is not None and (o := outputs(label)) is not None and len(o) == len(base)
+        else {}
+        for label in table["label"].unique()
+    }
+    table["identical"] = [agree[label].get("identical") for label in table["label"]]
+    table["mean_common_prefix"] = [agree[label].get("mean_common_prefix") for label in table["label"]]
+    return table
+
+
+# ---------------------------------------------------------------------------- break-even from the server
+
+
+def _windows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "windows.jsonl").read_text().splitlines() if line.strip()]
+
+
+def cycle_rates(out: str | Path, concurrency: int = 1, baseline: str = "baseline") -> list[dict]:
+    """Per speculative entry at `concurrency`: SGLang's plain step time T1 (baseline wall x streams /
+    tokens), its cycle time (wall x streams / verify steps) and tokens per cycle, pooled over the
+    repeats. Both times include the same per-request overheads (HTTP, prefill), so the fitted
+    costs are what a user of the server pays, not kernel times."""
+    rows = [r for r in _windows(out) if r["concurrency"] == concurrency]
+    base = [r for r in rows if r["label"] == baseline]
+    if not base:
+        raise ValueError(f"{out}: no {baseline!r} windows at concurrency {concurrency}")
+    step_s = sum(r["wall_s"] for r in base) * concurrency / sum(r["completion_tokens"] for r in base)
+    out_rows = []
+    for label in dict.fromkeys(r["label"] for r in rows if r["verify_steps"]):
+        g = [r for r in rows if r["label"] == label]
+        verify, tokens, wall = (sum(r[k] for r in g) for k in ("verify_steps", "completion_tokens", "wall_s"))
+        out_rows.append(
+            {
+                "label": label,
+                "algorithm": g[0].get("algorithm"),
+                "steps": g[0].get("steps"),
+                "topk": g[0].get("topk"),
+                "draft_tokens": g[0].get("draft_tokens"),
+                "concurrency": concurrency,
+                "step_s": step_s,
+                "cycle_s": wall * concurrency / verify,
+                "tokens_per_cycle": tokens / verify,
+                "measured_speedup": (tokens / wall)
+                / (sum(r["completion_tokens"] for r in base) / sum(r["wall_s"] for r in base)),
+            }
+        )
+    return out_rows
+
+
+def fit_server_costs(out: str | Path, concurrency: int = 1):
+    """v and c of draftlab.breakeven's model fitted to SGLang's EAGLE3 chain entries (topk 1), and
+    each entry's predicted vs measured speedup (trees and the wrong flag are checked, not fitted)."""
+    rates = cycle_rates(out, concurrency)
+    chain = [r for r in rates if r["topk"] == 1 and r["algorithm"] == "EAGLE3"]
+    model = fit_costs(
+        [r["steps"] for r in chain],
+        [r["cycle_s"] for r in chain],
+        rates[0]["step_s"],
+        source=f"SGLang, {len(chain)} chain servers at concurrency {concurrency} ({out})",
+    )
+    for r in rates:
+        r["predicted_speedup"] = model.speedup(r["tokens_per_cycle"], r["steps"])
+        r["breakeven_acceptance"] = model.breakeven(r["steps"])
+        r["acceptance_for_2x"] = model.breakeven(r["steps"], 2.0)
+    return model, rates

@@ -1,0 +1,138 @@
+"""A run's SGLang figures for summary.json: read from what `draftlab bench sglang`, the engine's
+oracle runs and notebook 03 wrote, each with its source; a figure not measured stays None.
+`write_summary` puts them in RUN/sglang/summary.json, which run.summary merges.
+
+Layout of RUN/sglang/: `study/` (draftlab.sglang.live), `oracle_*.json` (`draftlab bench specdec`
+rows on the same prompt ids), `version.txt` (the installed SGLang).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftlab.benchmark_acceptance.sglang_live import summarize
+
+KEYS = (
+    "sglang_version",
+    "sglang_baseline_tok_s_batch1",
+    "sglang_acceptance_s6_heldout",
+    "sglang_speedup_batch1",
+    "sglang_speedup_c16",
+    "sglang_wrong_flag_acceptance",
+    "engine_vs_sglang_acceptance_gap",
+    "sglang_regeneration_tok_s",
+)
+GOALS = [  # (key, comparison, goal, wording)
+    ("sglang_speedup_batch1", ">=", 2.0, "SGLang batch-1 speedup over its own no-speculation baseline"),
+    ("engine_vs_sglang_acceptance_gap", "<=", 0.02, "largest |engine - SGLang| / SGLang acceptance, same prompts"),
+    ("sglang_wrong_flag_acceptance", "<=", 1.1, "the EAGLE-3 draft under --speculative-algorithm EAGLE in SGLang"),
+    ("sglang_regeneration_tok_s", ">=", 40000, "regeneration through SGLang, output tok/s end to end"),
+]
+
+
+def _setting(algorithm, steps, topk, draft_tokens) -> tuple:
+    return (str(algorithm), int(steps), int(topk), int(draft_tokens))
+
+
+def oracle_gaps(run: str | Path) -> list[dict]:
+    """Engine vs SGLang acceptance per setting (batch 1, same prompt ids): (engine - sglang) / sglang."""
+    run = Path(run)
+    study = run / "sglang" / "study"
+    if not (study / "windows.jsonl").is_file():
+        return []
+    table = summarize(study)
+    sg = {
+        _setting(r.algorithm, r.steps, r.topk, r.draft_tokens): r
+        for r in table.itertuples()
+        if r.concurrency == 1 and r.algorithm and r.acceptance_length == r.acceptance_length
+    }
+    out = []
+    for path in sorted((run / "sglang").glob("oracle_*.json")):
+        for row in json.loads(path.read_text()):
+            key = _setting(row["mode"], row["num_steps"], row["topk"], row["num_draft_tokens"])
+            if key in sg:
+                s = sg[key].acceptance_length
+                out.append(
+                    {
+                        "setting": sg[key].label,
+                        "engine": row["acceptance_length"],
+                        "sglang": s,
+                        "gap": (row["acceptance_length"] - s) / s,
+                        "engine_samples": row["samples"],
+                        "engine_dtype": row.get("dtype"),
+                        "source": path.name,
+                    }
+                )
+    return out
+
+
+def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, dict]:
+    """(values, sources) for KEYS; None where the run has no such measurement. `metrics`: the run's
+    metrics.json (read from RUN when not given) for 03's regeneration figure."""
+    run = Path(run)
+    if metrics is None and (run / "metrics.json").is_file():
+        metrics = json.loads((run / "metrics.json").read_text())
+    s, src = {k: None for k in KEYS}, {}
+    version = run / "sglang" / "version.txt"
+    if version.is_file():
+        s["sglang_version"], src["sglang_version"] = (
+            version.read_text().strip(),
+            "sglang/version.txt (import on the GPU)",
+        )
+    study = run / "sglang" / "study"
+    if (study / "windows.jsonl").is_file():
+        t = summarize(study)
+        where = f"sglang/study/summary ({int(t['samples'].max())} prompts)"
+        base1 = t[(t.label == "baseline") & (t.concurrency == 1)]
+        if len(base1):
+            s["sglang_baseline_tok_s_batch1"] = float(base1.tokens_per_s.iloc[0])
+            src["sglang_baseline_tok_s_batch1"] = (
+                f"{where}: baseline, concurrency 1, mean of {int(base1.windows.iloc[0])} windows"
+            )
+        s6 = t[(t.label == "EAGLE3 S6 K1 D7") & (t.concurrency == 1)]
+        if len(s6):
+            s["sglang_acceptance_s6_heldout"] = float(s6.acceptance_length.iloc[0])
+            src["sglang_acceptance_s6_heldout"] = f"{where}: EAGLE3 S6 K1 D7, concurrency 1, meta_info"
+        for key, conc in (("sglang_speedup_batch1", 1), ("sglang_speedup_c16", 16)):
+            rows = t[(t.concurrency == conc) & (t.algorithm == "EAGLE3") & t.speedup.notna()]
+            if len(rows):
+                best = rows.loc[rows.speedup.idxmax()]
+                s[key] = float(best.speedup)
+                src[key] = (
+                    f"{where}: best EAGLE3 setting at concurrency {conc}, {best.label} "
+                    f"(± {best.speedup_ci95:.3f}; {best.identical}/{int(best.samples)} outputs identical "
+                    f"to SGLang's baseline)"
+                )
+        wrong = t[(t.algorithm == "EAGLE") & (t.concurrency == 1)]
+        if len(wrong):
+            s["sglang_wrong_flag_acceptance"] = float(wrong.acceptance_length.iloc[0])
+            src["sglang_wrong_flag_acceptance"] = f"{where}: {wrong.label.iloc[0]}, concurrency 1"
+    gaps = oracle_gaps(run)
+    if gaps:
+        worst = max(gaps, key=lambda g: abs(g["gap"]))
+        s["engine_vs_sglang_acceptance_gap"] = abs(worst["gap"])
+        src["engine_vs_sglang_acceptance_gap"] = (
+            f"largest of {len(gaps)} settings: {worst['setting']} engine "
+            f"{worst['engine']:.3f} vs SGLang {worst['sglang']:.3f} "
+            f"({worst['source']})"
+        )
+    m03 = (metrics or {}).get("03_regenerate") or {}
+    train = (m03.get("splits") or {}).get("train") or {}
+    if train.get("tok_s") is not None and m03.get("backend") == "server":
+        s["sglang_regeneration_tok_s"] = train["tok_s"]
+        src["sglang_regeneration_tok_s"] = (
+            f"03 splits.train.tok_s through an SGLang server ({train.get('rows_done')} rows, "
+            f"{train.get('completion_tokens')} tokens in {train.get('wall_s')} s)"
+        )
+    return s, src
+
+
+def write_summary(run: str | Path) -> Path:
+    """RUN/sglang/summary.json: values, sources and goals, for run.summary to merge (it reads the
+    file, so the run layer never imports this stage)."""
+    values, sources = sglang_summary(run)
+    path = Path(run) / "sglang" / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"values": values, "sources": sources, "goals": GOALS}, indent=1))
+    return path

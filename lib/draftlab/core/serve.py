@@ -1,0 +1,220 @@
+"""Local OpenAI-compatible servers for regeneration, and the SGLang launch commands.
+
+`LocalServer` runs a real `transformers serve --continuous-batching` for a model folder on
+127.0.0.1 (a free port), waits for `/health`, logs to a file, and always stops it (core.process:
+its own process group, stopped on `stop()`, on leaving the `with` block, at interpreter exit, and
+by the kernel when its parent dies). The SGLang command builders return the exact strings a user runs on a
+GPU host (contract §4); `draftlab doctor` checks the same strings.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+from draftlab.core.process import ServerProcess, ServerStartError
+
+__all__ = [
+    "LocalServer",
+    "ServerStartError",
+    "free_port",
+    "transformers_serve_command",
+    "sglang_target_command",
+    "sglang_speculative_command",
+    "sglang_commands",
+]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _transformers_exe() -> list[str]:
+    """The `transformers` console script of this interpreter's environment."""
+    exe = Path(sys.executable).parent / "transformers"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("transformers")
+    if found:
+        return [found]
+    raise FileNotFoundError(
+        "the `transformers` command is not installed next to this Python; "
+        "install it with: pip install 'transformers[serving]'"
+    )
+
+
+# On CPU, continuous batching sizes its KV cache to 60% of the machine's RAM and those pages are
+# touched at start-up (measured: the tiny target's server at 14.2 GB RSS on this 24 GiB machine,
+# then killed by the OOM killer under load). A fixed capacity keeps the server small on any
+# machine: 16,384 tokens (64 pages of 256) is ~0.75 GB for the embedded target, enough for tens
+# of concurrent requests. (A percentage is fragile: 1% here left no room and every request 500'd.)
+CPU_KV_CACHE_TOKENS = 16384
+KV_PAGE_TOKENS = 256  # transformers' default page (block) size
+
+
+def transformers_serve_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1",
+                               port: int = 8000, device: str = "cpu",
+                               continuous_batching: bool = True, dtype: str = "auto",
+                               kv_cache_tokens: int | None = None,
+                               log_level: str = "info", extra_args: tuple[str, ...] = ()) -> list[str]:
+    """argv of `transformers serve` preloading `model_path` (requests must name that path).
+
+    kv_cache_tokens: capacity of the continuous-batching KV cache (default: 16,384 on CPU,
+    transformers' memory-based sizing elsewhere)."""
+    cmd = [*_transformers_exe(), "serve", str(model_path), "--host", host, "--port", str(port),
+           "--device", device, "--dtype", dtype, "--log-level", log_level]
+    cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
+    if kv_cache_tokens is None and device == "cpu":
+        kv_cache_tokens = CPU_KV_CACHE_TOKENS
+    if continuous_batching and kv_cache_tokens:
+        cmd += ["--cb-num-blocks", str(-(-kv_cache_tokens // KV_PAGE_TOKENS))]
+    return cmd + list(extra_args)
+
+
+class LocalServer(ServerProcess):
+    """A `transformers serve` child process for one model folder; use it as a context manager.
+
+    A core.process.ServerProcess: its own process group, killed with its parent (SIGKILL of
+    draftlab included), recorded so that a rerun stops a stale one (`stop_stale`).
+
+    >>> with LocalServer(target.path, log_path=run.dir / "logs/serve.log") as srv:
+    ...     regenerate(..., base_urls=[srv.base_url], model=srv.model)
+    """
+
+    kind = "transformers serve"
+
+    def __init__(self, model_path: str | os.PathLike, log_path: str | os.PathLike, *,
+                 host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
+                 continuous_batching: bool = True, dtype: str = "auto",
+                 kv_cache_tokens: int | None = None, startup_timeout: float = 180.0,
+                 extra_args: tuple[str, ...] = (), threads: int | None = None,
+                 env: dict[str, str] | None = None, registry: str | os.PathLike | None = None):
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").exists():
+            raise FileNotFoundError(f"{self.model_path}: not a model folder (no config.json)")
+        port = port or free_port(host)
+        env = dict(os.environ if env is None else env)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if threads:  # CPU threads of the server (OMP_NUM_THREADS); None: torch's default
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+        self.host, self.port, self.device, self.threads = host, port, device, threads
+        argv = transformers_serve_command(self.model_path, host=host, port=port, device=device,
+                                          continuous_batching=continuous_batching, dtype=dtype,
+                                          kv_cache_tokens=kv_cache_tokens, extra_args=tuple(extra_args))
+        super().__init__(argv, log_path, base_url=f"http://{host}:{port}", health_path="/health",
+                         startup_timeout=startup_timeout, env=env, registry=registry)
+
+    @property
+    def model(self) -> str:
+        """The `model` field requests must carry (transformers serve wants the folder path)."""
+        return str(self.model_path)
+
+    @property
+    def command(self) -> list[str]:
+        return self.argv
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server process (Linux), for checks and reports."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except (OSError, AttributeError):
+            return None
+        return None
+
+
+# ---------------------------------------------------------------- SGLang launch commands
+
+def _sglang_base(model_path: str, *, host: str, port: int, tp: int, dtype: str | None,
+                 context_length: int | None, mem_fraction_static: float | None,
+                 max_running_requests: int | None, extra: tuple[str, ...]) -> list[str]:
+    cmd = ["python", "-m", "sglang.launch_server", "--model-path", str(model_path),
+           "--host", host, "--port", str(port), "--tp", str(tp)]
+    if dtype:
+        cmd += ["--dtype", dtype]
+    if context_length:
+        cmd += ["--context-length", str(context_length)]
+    if mem_fraction_static:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    if max_running_requests:
+        cmd += ["--max-running-requests", str(max_running_requests)]
+    return cmd + list(extra)
+
+
+def sglang_target_command(model_path: str, *, host: str = "127.0.0.1", port: int = 30000,
+                          tp: int = 1, dtype: str | None = "bfloat16",
+                          context_length: int | None = None,
+                          mem_fraction_static: float | None = None,
+                          max_running_requests: int | None = None,
+                          extra: tuple[str, ...] = ()) -> str:
+    """The plain target server (used for regeneration and as the speculative baseline)."""
+    return shlex.join(_sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
+                                   context_length=context_length,
+                                   mem_fraction_static=mem_fraction_static,
+                                   max_running_requests=max_running_requests, extra=extra))
+
+
+def sglang_speculative_command(model_path: str, draft_path: str, *, algorithm: str = "EAGLE3",
+                               num_steps: int = 3, topk: int = 1,
+                               num_draft_tokens: int | None = None,
+                               max_running_requests: int = 48, host: str = "127.0.0.1",
+                               port: int = 30001, tp: int = 1, dtype: str | None = "bfloat16",
+                               context_length: int | None = None,
+                               mem_fraction_static: float | None = None,
+                               extra: tuple[str, ...] = ()) -> str:
+    """An EAGLE-family speculative server (contract §4).
+
+    With topk == 1 SGLang forces num_draft_tokens = num_steps + 1, so we write that value.
+    `max_running_requests` is always written: EAGLE caps it at 48 otherwise, and the baseline
+    must get the same value for a fair comparison.
+    """
+    if algorithm not in ("EAGLE3", "EAGLE"):
+        raise ValueError(f"algorithm must be EAGLE3 or EAGLE, got {algorithm!r}")
+    if num_steps < 1 or topk < 1:
+        raise ValueError("num_steps and topk must be >= 1")
+    if topk == 1:
+        num_draft_tokens = num_steps + 1
+    elif num_draft_tokens is None:
+        raise ValueError("num_draft_tokens is required when topk > 1")
+    cmd = _sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
+                       context_length=context_length, mem_fraction_static=mem_fraction_static,
+                       max_running_requests=max_running_requests, extra=())
+    cmd += ["--speculative-algorithm", algorithm,
+            "--speculative-draft-model-path", str(draft_path),
+            "--speculative-num-steps", str(num_steps),
+            "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(num_draft_tokens)]
+    return shlex.join(cmd + list(extra))
+
+
+def sglang_commands(model_path: str, draft_path: str, *, max_running_requests: int = 48,
+                    num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None,
+                    host: str = "127.0.0.1", port: int = 30000, tp: int = 1,
+                    dtype: str | None = "bfloat16", context_length: int | None = None,
+                    mem_fraction_static: float | None = None) -> dict[str, str]:
+    """The three servers of a study: `target` (regeneration), `baseline` and `eagle3`.
+
+    baseline and eagle3 get the same `--max-running-requests` and adjacent ports so they can
+    run side by side for a same-batch comparison.
+    """
+    common = dict(host=host, tp=tp, dtype=dtype, context_length=context_length,
+                  mem_fraction_static=mem_fraction_static)
+    return {
+        "target": sglang_target_command(model_path, port=port, **common),
+        "baseline": sglang_target_command(model_path, port=port + 1,
+                                          max_running_requests=max_running_requests, **common),
+        "eagle3": sglang_speculative_command(model_path, draft_path, algorithm="EAGLE3",
+                                             num_steps=num_steps, topk=topk,
+                                             num_draft_tokens=num_draft_tokens,
+                                             max_running_requests=max_running_requests,
+                                             port=port + 2, **common),
+    }

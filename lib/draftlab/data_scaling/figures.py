@@ -1,0 +1,141 @@
+"""Figures, table and findings of notebook 07."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+
+from draftlab.data_scaling.fits import MODELS
+from draftlab.data_scaling.plan import ARCHS
+
+# ---------------------------------------------------------------------------------- figures
+
+
+def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: float | None = None,
+                 metric: str = "sim_accept_len"):
+    """Acceptance length vs training conversations (log x), both architectures, fits and 95% bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colors = {"eagle3": "tab:blue", "eagle1": "tab:orange"}
+    labels = {"eagle3": "EAGLE-3 (3 layers + fc)", "eagle1": "EAGLE-1-style (final state)"}
+    n_all = [r["n"] for r in results]
+    if not n_all:
+        ax.text(0.5, 0.5, "no finished subsets yet", ha="center", transform=ax.transAxes)
+        return fig
+    grid = np.geomspace(min(n_all), factor * max(n_all), 120)
+    for arch in ARCHS:
+        rows = sorted((r for r in results if r["arch"] == arch), key=lambda r: r["n"])
+        if not rows:
+            continue
+        c = colors[arch]
+        for src, marker in (("scaling", "o"), ("04", "s")):
+            pts = [r for r in rows if r["source"] == src]
+            if pts:
+                ax.errorbar([r["n"] for r in pts], [r[metric] for r in pts],
+                            yerr=[1.96 * (r.get(metric + "_se") or 0) for r in pts], fmt=marker, color=c,
+                            capsize=3, label=f"{labels[arch]}" + (" (04 draft)" if src == "04" else ""))
+        chain = [r for r in rows if r.get("chain_acceptance_length")]
+        if chain:
+            ax.plot([r["n"] for r in chain], [r["chain_acceptance_length"] for r in chain], "x", color=c, ms=8,
+                    label=f"{labels[arch]}: real chain S={len(chain[0]['chain_position_acceptance'])}")
+        for model, style in (("loglinear", "-"), ("saturating", "--")):
+            fit = fits.get(arch, {}).get(model)
+            if fit is None or not fit.ok:
+                continue
+            ax.plot(grid, fit.predict(grid), style, color=c, lw=1.2, alpha=0.9, label=f"{arch} {model} fit")
+            lo, hi = fit.band(grid)
+            ax.fill_between(grid, lo, hi, color=c, alpha=0.12 if model == "loglinear" else 0.06)
+    ax.axvline(max(n_all), color="grey", lw=0.8, ls=":")
+    ax.axvline(factor * max(n_all), color="grey", lw=0.8, ls=":")
+    ax.text(factor * max(n_all), ax.get_ylim()[0], f" {factor:g}x", color="grey", va="bottom")
+    top = max([r[metric] for r in results if r.get(metric) is not None] + [ax.get_ylim()[1]])
+    if goal is not None and top >= 0.6 * goal:
+        ax.axhline(goal, color="green", lw=0.8, ls="-.", label=f"goal {goal:g}")
+    elif goal is not None:  # far above the data: say so instead of squashing the curves
+        ax.text(0.01, 0.98, f"goal {goal:g} (above this scale)", transform=ax.transAxes, va="top", fontsize=8,
+                color="green")
+    ax.set_xscale("log")
+    ax.set_xlabel("regenerated training conversations (same epochs per sample)")
+    ax.set_ylabel("acceptance length (held-out)")
+    ax.set_title("Acceptance length vs training data (bars and bands: 95%)")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def plot_extrapolation(extra: dict):
+    """Predicted acceptance at 10x data (95% interval) per architecture and fit, with its cost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    ticks, labels = [], []
+    y = 0
+    for arch, e in extra.items():
+        for model in MODELS:
+            m = e.get(model, {})
+            if not m.get("ok"):
+                continue
+            ax.plot([m["pred_now"]], [y], "o", color="grey")
+            ax.errorbar([m["pred_new"]], [y], xerr=[[max(0.0, m["pred_new"] - m["band_new"][0])],
+                                                   [max(0.0, m["band_new"][1] - m["pred_new"])]],
+                        fmt="D", color="tab:blue" if arch == "eagle3" else "tab:orange", capsize=3)
+            ticks.append(y)
+            cost = e.get("regeneration_hours")
+            labels.append(f"{arch} {model}\n{e['n_now']:,} -> {e['n_new']:,.0f} conv"
+                          + (f", +{cost:.2g} h regen" if cost is not None else ""))
+            y += 1
+    ax.set_yticks(ticks, labels, fontsize=7)
+    ax.set_xlabel("acceptance length: fitted now (grey) and predicted with more data (95% band)")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def summary_table(results: list[dict]):
+    """A pandas table of the finished points (for the notebook)."""
+    import pandas as pd
+
+    cols = ["arch", "n", "source", "sim_accept_len", "sim_accept_len_se", "chain_acceptance_length",
+            "chain_acceptance_length_se", "train_s", "eval_s", "train_tokens", "vocab_coverage"]
+    df = pd.DataFrame(results)
+    return df[[c for c in cols if c in df.columns]].sort_values(["arch", "n"]).reset_index(drop=True)
+
+
+def fits_as_dict(fits: dict) -> dict:
+    return {arch: {m: asdict(f) for m, f in by.items()} for arch, by in fits.items()}
+
+
+def findings(results: list[dict], extra: dict, deferred: list, metric: str = "sim_accept_len") -> list[str]:
+    """Plain sentences for the notebook's closing summary, from the measured rows and fits only."""
+    lines = []
+    for arch, e in extra.items():
+        rows = sorted((r for r in results if r["arch"] == arch), key=lambda r: r["n"])
+        pts = ", ".join(f"{r['n']:,}: {r[metric]:.3f}" for r in rows)
+        lines.append(f"{arch}: measured {metric} by training conversations: {pts}")
+        for model in MODELS:
+            m = e.get(model, {})
+            if m.get("ok"):
+                lines.append(f"  {model} fit: {e['n_new']:,.0f} conversations -> {m['pred_new']:.3f} "
+                             f"[95% {m['band_new'][0]:.3f}, {m['band_new'][1]:.3f}] (gain {m['gain']:+.3f})")
+            else:
+                lines.append(f"  {model} fit: none ({m.get('reason', 'not fitted')})")
+        if e.get("regeneration_hours") is not None:
+            lines.append(f"  the {e['extra_conversations']:,.0f} extra conversations cost about "
+                         f"{e['regeneration_hours']:.2f} h of regeneration at the measured rate"
+                         + (f" and {e['training_hours_at_new_size']:.2f} h of training" if e.get(
+                             "training_hours_at_new_size") else ""))
+    e3 = {r["n"]: r[metric] for r in results if r["arch"] == "eagle3"}
+    e1 = {r["n"]: r[metric] for r in results if r["arch"] == "eagle1"}
+    both = sorted(set(e3) & set(e1))
+    if both:
+        lines.append("EAGLE-3 / EAGLE-1 ratio by size: " + ", ".join(f"{n:,}: {e3[n] / e1[n]:.2f}x" for n in both))
+    if deferred:
+        lines.append(f"not run yet (time budget; rerun the notebook to continue): {deferred}")
+    return lines

@@ -1,0 +1,249 @@
+"""Target hidden states for draft training and drafting.
+
+"Input of layer i" = transformers' `hidden_states[i]` (index 0 = embedding output): the indices
+draftlab trains on (SGLang's config ids are these minus one; see draftlab.model.export). The final state
+for the EAGLE-1-style variant and for `--speculative-algorithm EAGLE` is the target's last hidden
+state *after* its final norm, as SGLang's EAGLE worker receives it (and as transformers'
+`hidden_states[-1]`); the pre-norm state is kept as well because target logits are computed from it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftlab.core.files import atomic_path, atomic_write_json
+from draftlab.model.target import text_config
+
+
+def _final_norm(model):
+    """The target's final RMSNorm (Llama-like models keep it at base_model.norm)."""
+    base = getattr(model, "base_model", model)
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ValueError(f"{type(model).__name__}: no final norm at base_model.norm; unsupported target architecture")
+    return norm
+
+
+def _check_layers(layers, num_layers: int):
+    if len(layers) != 3:
+        raise ValueError(f"capture layers must be 3 ids, got {list(layers)}")
+    for i in layers:
+        if not 0 <= int(i) < num_layers:
+            raise ValueError(f"capture layer {i} outside 0..{num_layers - 1} (input-of-layer ids)")
+
+
+@torch.no_grad()
+def target_states(target, input_ids, attention_mask=None, layers=None, want_logits: bool = False):
+    """One target forward: (aux [B,T,3H], last [B,T,H] pre-norm, logits [B,T,V] or None).
+
+    `target` is a draftlab Target (or anything with .model); layers default to
+    target.capture_layers.
+    """
+    model = target.model if hasattr(target, "model") else target
+    layers = list(layers if layers is not None else target.capture_layers)
+    n = text_config(model.config).num_hidden_layers
+    _check_layers(layers, n)
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+    # The pre-norm output of the last layer: hidden_states[-1] is post-norm in transformers.
+    captured = {}
+    norm = _final_norm(model)
+    hook = norm.register_forward_hook(lambda mod, args, out: captured.__setitem__("last", args[0]))
+    try:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=0 if want_logits else 1,
+        )
+    finally:
+        hook.remove()
+    hs = out.hidden_states
+    aux = torch.cat([hs[i] for i in layers], dim=-1)  # [B,T,3H]
+    return aux, captured["last"], (out.logits if want_logits else None)
+
+
+def aux_hidden(target, input_ids, attention_mask=None, layers=None) -> torch.Tensor:
+    """[B,T,3H]: concatenation (low, mid, high) of the captured "input of layer i" states."""
+    return target_states(target, input_ids, attention_mask, layers)[0]
+
+
+def final_feature(target, last: torch.Tensor) -> torch.Tensor:
+    """[..,H] pre-norm last state -> the final hidden state SGLang's EAGLE sends (after the final norm)."""
+    model = target.model if hasattr(target, "model") else target
+    return _final_norm(model)(last)
+
+
+def final_hidden(target, input_ids, attention_mask=None) -> torch.Tensor:
+    """[B,T,H]: the target's final (post-norm) hidden state (EAGLE-1-style draft input)."""
+    model = target.model if hasattr(target, "model") else target
+    n = text_config(model.config).num_hidden_layers
+    return final_feature(target, target_states(target, input_ids, attention_mask, layers=[0, 0, n - 1])[1])
+
+
+def draft_features(target, draft, input_ids, attention_mask=None) -> torch.Tensor:
+    """What `draft.project` expects: aux states (EAGLE-3) or the final state (EAGLE-1)."""
+    aux, last, _ = target_states(target, input_ids, attention_mask, layers=draft_layers(target, draft))
+    return aux if draft.use_aux else final_feature(target, last)
+
+
+def draft_layers(target, draft) -> list[int]:
+    layers = draft.capture_layers
+    if layers is None:
+        layers = target.capture_layers
+    return list(layers)
+
+
+@torch.no_grad()
+def logits_from_last(target, last: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Target logits from the stored pre-norm last state: lm_head(norm(last)), optionally only
+    the columns `vocab_ids` (e.g. the draft vocabulary) [..., len(vocab_ids)]."""
+    model = target.model if hasattr(target, "model") else target
+    x = _final_norm(model)(last)
+    w = model.get_output_embeddings().weight
+    if vocab_ids is not None:
+        w = w[vocab_ids]
+    return x @ w.T.to(x.dtype)
+
+
+# ---- offline hidden states: precomputed safetensors shards ------------------------------------
+def _ids_fingerprint(dataset) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for sid, ids in zip(dataset["id"], dataset["input_ids"]):
+        h.update(f"{sid}:{len(ids)};".encode())
+    return h.hexdigest()[:16]
+
+
+def estimate_bytes(num_tokens: int, hidden_size: int, store_aux: bool, dtype: torch.dtype) -> int:
+    """Bytes the shards will take: per token (3H if aux) + H values."""
+    width = (3 * hidden_size if store_aux else 0) + hidden_size
+    return num_tokens * width * torch.tensor([], dtype=dtype).element_size()
+
+
+def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = True, batch_tokens: int = 8192,
+                      shard_tokens: int = 1 << 20, dtype: torch.dtype = torch.bfloat16) -> "OfflineHidden":
+    """Write the target's states for every sample to `out_dir/shard-NNNNN.safetensors`.
+
+    Each shard holds `last` [n_tok, H] (pre-norm final state) and, with store_aux, `aux`
+    [n_tok, 3H] for a contiguous run of samples. index.json lists finished shards; a restart
+    continues after the last finished shard (a shard is written to a temp name, then renamed).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layers = list(layers if layers is not None else target.capture_layers)
+    lengths = [len(x) for x in dataset["input_ids"]]
+    fp = _ids_fingerprint(dataset)
+    meta = {"layers": layers, "hidden_size": target.hidden_size, "store_aux": store_aux, "dtype": str(dtype),
+            "fingerprint": fp, "num_samples": len(lengths), "target": str(target.name), "shards": []}
+    index_path = out / "index.json"
+    if index_path.is_file():
+        old = json.loads(index_path.read_text())
+        same = all(
+            old.get(k) == meta[k] for k in ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target")
+        )
+        if same:
+            meta["shards"] = old["shards"]
+        else:
+            print(f"{index_path}: made for other data or settings; recomputing from scratch")
+    done = meta["shards"][-1]["end"] if meta["shards"] else 0
+    total = sum(lengths)
+    est = estimate_bytes(total, target.hidden_size, store_aux, dtype)
+    print(f"offline hidden states: {len(lengths)} samples, {total:,} tokens -> {est / 1e9:.2f} GB "
+          f"({'aux 3H + ' if store_aux else ''}last H, {dtype}) in {out}; "
+          f"{done} samples already done", flush=True)
+    pad = target.tokenizer.pad_token_id or 0
+    bar = tqdm(total=sum(lengths[done:]), unit="tok", desc="hidden states", leave=False)
+    start, i = done, done
+    buf_aux, buf_last, buf_tok = [], [], 0
+    while i < len(lengths):
+        j = i
+        while j < len(lengths) and (j == i or max(lengths[i:j + 1]) * (j + 1 - i) <= batch_tokens):
+            j += 1
+        rows = dataset[i:j]["input_ids"]
+        longest = max(len(r) for r in rows)
+        ids = torch.full((len(rows), longest), pad, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        aux, last, _ = target_states(target, ids, mask, layers)
+        for r, row in enumerate(rows):
+            if store_aux:
+                buf_aux.append(aux[r, : len(row)].to("cpu", dtype))
+            buf_last.append(last[r, : len(row)].to("cpu", dtype))
+            buf_tok += len(row)
+        bar.update(sum(len(r) for r in rows))
+        i = j
+        if buf_tok >= shard_tokens or i == len(lengths):
+            name = f"shard-{len(meta['shards']):05d}.safetensors"
+            tensors = {"last": torch.cat(buf_last)}
+            if store_aux:
+                tensors["aux"] = torch.cat(buf_aux)
+            with atomic_path(out / name) as tmp:
+                save_file(tensors, str(tmp))
+            meta["shards"].append({"file": name, "start": start, "end": i})
+            atomic_write_json(index_path, meta)
+            start, buf_aux, buf_last, buf_tok = i, [], [], 0
+    bar.close()
+    return OfflineHidden(out, dataset)
+
+
+class OfflineHidden:
+    """Reads precomputed states back by sample index (padded batches)."""
+
+    def __init__(self, out_dir, dataset):
+        import json
+        from pathlib import Path
+
+        self.dir = Path(out_dir)
+        meta = json.loads((self.dir / "index.json").read_text())
+        if meta["fingerprint"] != _ids_fingerprint(dataset) or meta["shards"][-1]["end"] != len(dataset):
+            raise ValueError(f"{self.dir}: offline hidden states are incomplete or belong to other data; "
+                             "rerun precompute_hidden")
+        self.meta = meta
+        self.layers = meta["layers"]
+        self.store_aux = meta["store_aux"]
+        self.where = []  # sample -> (shard file, token offset, length)
+        lengths = [len(x) for x in dataset["input_ids"]]
+        for sh in meta["shards"]:
+            off = 0
+            for k in range(sh["start"], sh["end"]):
+                self.where.append((sh["file"], off, lengths[k]))
+                off += lengths[k]
+        self._open = {}
+
+    def _handle(self, name):
+        from safetensors import safe_open
+
+        if name not in self._open:
+            self._open[name] = safe_open(str(self.dir / name), framework="pt")
+        return self._open[name]
+
+    def get(self, indices, length: int, want_aux: bool = True):
+        """-> (aux [B,L,3H] or None, last [B,L,H]) zero-padded on the right to `length`."""
+        if want_aux and not self.store_aux:
+            raise ValueError(f"{self.dir}: stored without aux states (EAGLE-1 only); recompute with store_aux")
+        lasts, auxs = [], []
+        for k in indices:
+            name, off, n = self.where[k]
+            f = self._handle(name)
+            lasts.append(_pad_rows(f.get_slice("last")[off:off + n], length))
+            if want_aux:
+                auxs.append(_pad_rows(f.get_slice("aux")[off:off + n], length))
+        return (torch.stack(auxs) if want_aux else None), torch.stack(lasts)
+
+
+def _pad_rows(x: torch.Tensor, length: int) -> torch.Tensor:
+    """[n, W] -> [length, W] with zero rows appended."""
+    return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[0]))

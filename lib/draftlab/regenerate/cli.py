@@ -1,0 +1,223 @@
+"""`draftlab regenerate`, `draftlab monitor`, `draftlab bench client` and `draftlab bench generate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Iterable
+
+from draftlab.core.serve import LocalServer
+from draftlab.model.target import load_target, resolve_device, resolve_path
+from draftlab.regenerate import monitor
+from draftlab.regenerate.batch import regenerate_batch, sweep_batch_sizes
+from draftlab.regenerate.bench import bench_client
+from draftlab.regenerate.config import (
+    SYSTEM_POLICIES,
+    TRUNCATION_POLICIES,
+    RegenConfig,
+    load_conversations,
+)
+from draftlab.regenerate.monitor import format_summary, plot_throughput, summarize
+from draftlab.regenerate.outputs import finalize
+from draftlab.regenerate.stage import regenerate
+
+# ------------------------------------------------------------------ CLI
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    d = RegenConfig()
+    g = p.add_argument_group("sampling and policies (recorded on every row)")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    g.add_argument("--temperature", type=float, default=d.temperature)
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--system-policy", choices=SYSTEM_POLICIES, default=d.system_policy)
+    g.add_argument("--system-prompt", default="", help="the system prompt for --system-policy set")
+    g.add_argument("--truncation", choices=TRUNCATION_POLICIES, default=d.truncation,
+                   help="what to do with answers cut at max-tokens (finish_reason=length)")
+    g.add_argument("--max-assistant-turns", type=int, default=0, help="0: all turns")
+
+
+def add_regenerate_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "regenerate", help="answer every prompt again with the target (resumable)",
+        description="Regenerate conversations with the target: a local/remote OpenAI-compatible "
+                    "server (--base-url, or --serve to start transformers serve) or the static "
+                    "batch backend (--backend batch, the GPU path). Rerun the same command to "
+                    "resume after any crash.")
+    p.add_argument("input", help="canonical conversations, JSONL")
+    p.add_argument("work", help="work folder (shards, errors, manifest); resume state lives here")
+    p.add_argument("--output", default=None, help="final JSONL in input order (written at the end)")
+    p.add_argument("--backend", choices=("server", "batch"), default="server")
+    p.add_argument("--base-url", action="append", default=[], help="server base URL (repeatable)")
+    p.add_argument("--serve", default=None, metavar="TARGET",
+                   help="start `transformers serve` for this target spec or folder on loopback")
+    p.add_argument("--model", default=None, help="model field of requests (default: the served folder)")
+    p.add_argument("--model-name", default="", help="name recorded on rows")
+    p.add_argument("--concurrency", type=int, default=8, help="in-flight requests per server")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--max-retries", type=int, default=5)
+    p.add_argument("--limit", type=int, default=0, help="only the first N input rows")
+    p.add_argument("--shard-rows", type=int, default=10000)
+    p.add_argument("--no-retry-errors", action="store_true", help="on resume, skip ids in errors.jsonl")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--log-dir", default=None, help="where --serve writes serve.log (default: work)")
+    g = p.add_argument_group("batch backend (--backend batch) and --serve")
+    g.add_argument("--target", default="embedded", help="target spec for the batch backend")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda (batch backend, --serve)")
+    g.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    g.add_argument("--batch-size", type=int, default=1024)
+    g.add_argument("--batch-tokens", type=int, default=0,
+                   help="padded tokens (rows x (longest prompt + max tokens)) per generate call at most; 0: no limit")
+    g.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                   help="KV cache of generate; static lets transformers compile the step on CUDA")
+    _add_sampling_args(p)
+    p.set_defaults(func=_regenerate_cli)
+
+
+def config_from_args(args: argparse.Namespace, model: str) -> RegenConfig:
+    return RegenConfig(
+        model=model, model_name=args.model_name, temperature=args.temperature, top_p=args.top_p,
+        max_tokens=args.max_tokens, stop=args.stop, seed=args.seed,
+        system_policy=args.system_policy, system_prompt=args.system_prompt,
+        truncation=args.truncation, max_assistant_turns=args.max_assistant_turns,
+        concurrency=args.concurrency, request_timeout=args.timeout, max_retries=args.max_retries,
+        shard_rows=args.shard_rows, retry_errors=not args.no_retry_errors)
+
+
+def _regenerate_cli(args: argparse.Namespace) -> int:
+    rows = load_conversations(args.input, args.limit)
+    work = Path(args.work)
+    if args.backend == "batch":
+        config = config_from_args(args, model=args.target)
+        summary = regenerate_batch(rows, work, config, target=args.target, device=args.device,
+                                   dtype=args.dtype, batch_size=args.batch_size,
+                                   input_path=args.input, progress=not args.no_progress,
+                                   cache=args.cache, batch_tokens=args.batch_tokens)
+    elif args.serve:
+        folder = resolve_path(args.serve)
+        log = Path(args.log_dir or work) / "serve.log"
+        with LocalServer(folder, log_path=log, device=resolve_device(args.device)) as srv:
+            print(f"server {srv.base_url} ready in {srv.startup_s:.1f} s (log {log})", flush=True)
+            config = config_from_args(args, model=args.model or srv.model)
+            config.model_name = args.model_name or Path(folder).name
+            summary = regenerate(rows, work, [srv.base_url, *args.base_url], config,
+                                 input_path=args.input, progress=not args.no_progress)
+    else:
+        if not args.base_url or not args.model:
+            raise SystemExit("regenerate: give --base-url URL and --model NAME, or --serve TARGET")
+        config = config_from_args(args, model=args.model)
+        summary = regenerate(rows, work, args.base_url, config, input_path=args.input,
+                             progress=not args.no_progress)
+    if args.output:
+        summary["final"] = finalize(work, args.output, rows)
+    print(json.dumps(summary, indent=1))
+    return 0 if summary["rows_error"] == 0 else 1
+
+
+def add_bench_client_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "client", help="client overhead: draftlab regenerate vs bare openai-SDK gather",
+        description="Side by side against the same server at the same concurrency; prints "
+                    "tokens/s of each and their ratio (>= 1.0 means no client overhead).")
+    p.add_argument("--base-url", default=None, help="an existing server")
+    p.add_argument("--model", default=None, help="model field of requests")
+    p.add_argument("--serve", default=None, metavar="TARGET",
+                   help="start transformers serve for this target (default: embedded)")
+    p.add_argument("--n", type=int, default=64, help="requests per round")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--device", default="cpu", help="device of the --serve server")
+    p.add_argument("--json", default=None, help="also write the result here")
+    p.set_defaults(func=_bench_client_cli)
+
+
+def _bench_client_cli(args: argparse.Namespace) -> int:
+    kw = dict(n=args.n, concurrency=args.concurrency, max_tokens=args.max_tokens,
+              rounds=args.rounds)
+    if args.base_url:
+        if not args.model:
+            raise SystemExit("bench client: --base-url needs --model")
+        res = bench_client(args.base_url, args.model, **kw)
+    else:
+        import tempfile
+
+        folder = resolve_path(args.serve or "embedded")
+        log = Path(tempfile.mkdtemp(prefix="draftlab-bench-")) / "serve.log"
+        with LocalServer(folder, log_path=log, device=args.device) as srv:
+            res = bench_client(srv.base_url, srv.model, **kw)
+    res["target"] = args.serve or args.model
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m draftlab.regenerate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_regenerate_parser(sub)
+    add_bench_client_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def add_bench_generate_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="batch backend: output tokens/s of generate by batch size",
+        description="Decode throughput of the regeneration batch backend at several batch sizes on "
+                    "real prompts (each row forced to --new-tokens); prints one JSON line per size.")
+    p.add_argument("prompts", help="canonical conversations (.jsonl), e.g. RUN/data/blend/train.jsonl")
+    p.add_argument("--target", default="embedded")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--batch-sizes", default="512,1024,2048,4096,8192")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the rows here")
+    p.set_defaults(func=_bench_generate_cli)
+
+
+def _bench_generate_cli(args) -> int:
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    rows = load_conversations(args.prompts)  # all: the batches are taken around the median length
+    target = load_target(args.target, device=args.device, dtype=args.dtype)
+    res = sweep_batch_sizes(target, [r["messages"] for r in rows], sizes, args.new_tokens, args.cache, args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"target": target.name, "device": str(target.device),
+                                               "dtype": str(target.dtype), "rows": res}, indent=1))
+    return 0
+
+def add_monitor_parser(subparsers) -> None:
+    p = subparsers.add_parser("monitor", help="progress of a regeneration work folder",
+                              description=monitor.__doc__)
+    p.add_argument("work", help="the work folder given to `draftlab regenerate`")
+    p.add_argument("--window", type=float, default=5.0, help="minutes for the recent rates")
+    p.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds (0: once)")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="draw throughput over time (default file: WORK/throughput.png)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_monitor_cli)
+
+
+def _monitor_cli(args: argparse.Namespace) -> int:
+    while True:
+        s = summarize(args.work, window_s=args.window * 60)
+        print(json.dumps(s, indent=1) if args.json else format_summary(s), flush=True)
+        if args.plot is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            path = Path(args.plot) if args.plot else Path(args.work) / "throughput.png"
+            fig = plot_throughput(args.work)
+            fig.savefig(path, dpi=100)
+            print(f"plot: {path}")
+        if not args.watch or (s["left"] == 0 and not s["writer_alive"]):
+            return 0
+        time.sleep(args.watch)
+        print()

@@ -1,0 +1,128 @@
+"""What a regeneration run is asked to do: RegenConfig and the input it reads.
+
+The input is a blend split (JSONL); `plan_turns` decides which assistant turns the target
+answers again, so a resumed run replays the same plan.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from draftlab.core.records import RecordError, jsonl_lines, validate_conversation
+
+SYSTEM_POLICIES = ("keep", "drop", "set")
+TRUNCATION_POLICIES = ("drop", "keep_flag")
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass
+class RegenConfig:
+    """Everything that decides what a regenerated row contains and how hard we try to get it."""
+
+    model: str = ""                  # the `model` field of requests (transformers serve: the folder path)
+    model_name: str = ""             # recorded on rows (default: model)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    stop: list[str] | None = None
+    seed: int | None = None
+    system_policy: str = "keep"      # keep: as in the data | drop: remove | set: replace by system_prompt
+    system_prompt: str = ""
+    truncation: str = "drop"         # drop | keep_flag: what to do with finish_reason == "length"
+    max_assistant_turns: int = 0     # 0: every assistant turn; n: the conversation up to the n-th
+    concurrency: int = 8             # in-flight requests per server
+    request_timeout: float = 120.0   # seconds per request
+    max_retries: int = 5             # retries after the first attempt
+    backoff_base: float = 0.5        # seconds; doubles every retry (with jitter)
+    backoff_max: float = 20.0
+    down_after: int = 3              # consecutive connection failures before a server is taken out
+    server_cooldown: float = 5.0     # seconds out before it is tried again (doubles, max 120 s)
+    shard_rows: int = 10000          # rows per shard file
+    retry_errors: bool = True        # a rerun retries ids that are only in errors.jsonl
+    fsync: bool = False              # fsync every line (power-loss safety; kill -9 needs none)
+
+    def __post_init__(self):
+        if self.system_policy not in SYSTEM_POLICIES:
+            raise ValueError(f"system_policy must be one of {SYSTEM_POLICIES}, got {self.system_policy!r}")
+        if self.system_policy == "set" and not self.system_prompt:
+            raise ValueError("system_policy 'set' needs a non-empty system_prompt")
+        if self.truncation not in TRUNCATION_POLICIES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        if self.max_tokens < 1 or self.concurrency < 1:
+            raise ValueError("max_tokens and concurrency must be >= 1")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.model_name = self.model_name or self.model
+
+    def sampling(self) -> dict:
+        out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+               "stop": self.stop or None}
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RegenConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ------------------------------------------------------------------ input
+
+def load_conversations(path: str | os.PathLike, limit: int = 0) -> list[dict]:
+    """Read canonical conversations; a bad row is an error naming the file, line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: input not found")
+    rows, seen = [], {}
+    for line in jsonl_lines(path):
+        lineno, row, where = line.lineno, line.row, f"{path}: line {line.lineno}"
+        if line.error is not None:
+            raise RecordError(f"{where}: not valid JSON ({line.error})") from line.error
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: a row must be a JSON object")
+        validate_conversation(row, where)
+        if not isinstance(row["id"], str) or not row["id"]:
+            raise RecordError(f"{where}: field 'id' must be a non-empty string")
+        if not any(m["role"] == "user" for m in row["messages"]):
+            raise RecordError(f"{where}: field 'messages' has no user turn to answer")
+        if row["id"] in seen:
+            raise RecordError(f"{where}: duplicate id {row['id']!r} (first on line {seen[row['id']]})")
+        seen[row["id"]] = lineno
+        rows.append(row)
+        if limit and len(rows) >= limit:
+            break
+    return rows
+
+
+def plan_turns(messages: list[dict], config: RegenConfig) -> list[dict]:
+    """The conversation to replay: system policy applied, cut after `max_assistant_turns`.
+
+    Returns messages where each assistant turn (after the first user turn) is a slot to
+    regenerate; a conversation ending on a user turn gets an empty assistant slot appended.
+    """
+    msgs = [dict(role=m["role"], content=m["content"]) for m in messages]
+    if config.system_policy in ("drop", "set"):
+        msgs = [m for m in msgs if m["role"] != "system"]
+    if config.system_policy == "set":
+        msgs.insert(0, {"role": "system", "content": config.system_prompt})
+    if msgs[-1]["role"] != "assistant":
+        msgs.append({"role": "assistant", "content": ""})
+    if config.max_assistant_turns:
+        seen_user, n = False, 0
+        for i, m in enumerate(msgs):
+            seen_user = seen_user or m["role"] == "user"
+            if m["role"] == "assistant" and seen_user:
+                n += 1
+                if n == config.max_assistant_turns:
+                    msgs = msgs[: i + 1]
+                    break
+    return msgs
+
+
+def slots(plan: list[dict]) -> list[int]:
+    """Indices of the assistant turns to regenerate (those after the first user turn)."""
+    first_user = next(i for i, m in enumerate(plan) if m["role"] == "user")
+    return [i for i, m in enumerate(plan) if m["role"] == "assistant" and i > first_user]

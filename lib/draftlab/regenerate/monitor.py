@@ -1,0 +1,253 @@
+"""`draftlab monitor DIR`: watch a regeneration from another terminal, from its files alone.
+
+Reads a work folder of `draftlab.regenerate` (or `regen_batch`) without writing to it: rows
+done and left, tokens/s over the last minutes, ETA, error and truncation rates, whether the
+writer process is still alive; `--plot` draws throughput over time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from draftlab.regenerate.client import reason_kind
+from draftlab.regenerate.outputs import _read_lenient, shard_paths
+
+
+def _events(work: Path) -> dict:
+    """Finished-row events (t_done, completion tokens, truncated) and open errors."""
+    done, dropped, errors = {}, {}, {}
+    for path in shard_paths(work):
+        for row in _read_lenient(path):
+            regen = (row.get("meta") or {}).get("regen") or {}
+            done[row.get("id")] = (regen.get("t_done", 0.0),
+                                   sum(x or 0 for x in regen.get("completion_tokens", [])),
+                                   bool(regen.get("truncated")))
+    if (work / "dropped.jsonl").exists():
+        for rec in _read_lenient(work / "dropped.jsonl"):
+            dropped[rec.get("id")] = (rec.get("t_done", 0.0),
+                                      sum(x or 0 for x in rec.get("completion_tokens", [])), True)
+    if (work / "errors.jsonl").exists():
+        for rec in _read_lenient(work / "errors.jsonl"):
+            errors[rec.get("id")] = rec
+    return {"done": done, "dropped": dropped, "errors": errors}
+
+
+def _pid_alive(pid) -> bool | None:
+    if not pid:
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return None
+    return True
+
+
+def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | None = None) -> dict:
+    """Where a regeneration stands; rates over the last `window_s` seconds (ending now)."""
+    work = Path(work)
+    if not (work / "manifest.json").exists():
+        raise FileNotFoundError(f"{work}: no manifest.json; is this a regeneration work folder?")
+    manifest = json.loads((work / "manifest.json").read_text())
+    ev = _events(work)
+    now = time.time() if now is None else now
+    total = int(manifest.get("total", 0))
+    finished = {**ev["done"], **ev["dropped"]}
+    errors_open = {k: v for k, v in ev["errors"].items() if k not in finished}
+    kept_truncated = sum(1 for v in ev["done"].values() if v[2])
+    runs = manifest.get("runs") or [{}]
+    last_start = runs[-1].get("started", now)
+    # the window cannot reach back before the current run began (rows of an earlier run
+    # finished before a crash would inflate the rate)
+    start = max(now - window_s, last_start)
+    span = max(now - start, 1e-9)
+    recent = [v for v in finished.values() if v[0] >= start]
+    rows_s = len(recent) / span
+    tok_s = sum(v[1] for v in recent) / span
+    left = max(total - len(finished), 0)
+    times = [v[0] for v in finished.values() if v[0]]
+    return {
+        "work": str(work),
+        "backend": runs[-1].get("backend"),
+        "total": total,
+        "finished": len(finished),
+        "kept": len(ev["done"]),
+        "dropped_truncated": len(ev["dropped"]),
+        "kept_truncated": kept_truncated,
+        "errors_open": len(errors_open),
+        "left": left,
+        "window_s": round(span, 1),
+        "rows_s": rows_s,
+        "tok_s": tok_s,
+        "eta_s": (left / rows_s) if rows_s > 0 and left else (0.0 if not left else None),
+        "error_rate": len(errors_open) / max(len(finished) + len(errors_open), 1),
+        "truncation_rate": (len(ev["dropped"]) + kept_truncated) / max(len(finished), 1),
+        "completion_tokens": sum(v[1] for v in finished.values()),
+        # the whole current run: from its start to its last finished row (or now if running)
+        "tok_s_run": (sum(v[1] for v in finished.values() if v[0] >= last_start)
+                      / max((max(times) if times else now) - last_start, 1e-9)),
+        "first_done": min(times) if times else None,
+        "last_done": max(times) if times else None,
+        "runs": len(manifest.get("runs", [])),
+        "writer_alive": _pid_alive(runs[-1].get("pid")),
+        "top_errors": _top_reasons(errors_open),
+    }
+
+
+def _top_reasons(errors: dict, n: int = 3) -> list[tuple[str, int]]:
+    from collections import Counter
+
+    return Counter(reason_kind(r.get("reason", "?")) for r in errors.values()).most_common(n)
+
+
+def _hms(seconds) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def format_summary(s: dict) -> str:
+    pct = 100.0 * s["finished"] / max(s["total"], 1)
+    alive = {True: "running", False: "not running", None: "unknown"}[s["writer_alive"]]
+    lines = [
+        f"{s['work']}  ({s['backend']} backend, run {s['runs']}, writer {alive})",
+        f"rows      {s['finished']}/{s['total']} done ({pct:.1f}%), {s['left']} left"
+        f"  [kept {s['kept']}, dropped as truncated {s['dropped_truncated']}]",
+        f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last "
+        f"{s['window_s'] / 60:.1f} min",
+        f"          {s['tok_s_run']:.1f} tok/s over the current run (start to last row)",
+        f"ETA       {_hms(s['eta_s'])}",
+        f"errors    {s['errors_open']} open ({100 * s['error_rate']:.2f}%)"
+        + (f"  top: {', '.join(f'{k} x{v}' for k, v in s['top_errors'])}" if s["top_errors"] else ""),
+        f"truncated {s['dropped_truncated'] + s['kept_truncated']} ({100 * s['truncation_rate']:.2f}%)"
+        f"  [dropped {s['dropped_truncated']}, kept+flagged {s['kept_truncated']}]",
+    ]
+    return "\n".join(lines)
+
+
+def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
+    """(bin start in seconds since the first run began, tokens/s in the bin, rows finished
+    by the end of the bin). Default bins: a twelfth of the span, at least 5 s (a CPU server
+    finishes its batch of requests together, so narrow bins look like spikes)."""
+    work = Path(work)
+    ev = _events(work)
+    items = sorted(v for v in {**ev["done"], **ev["dropped"]}.values() if v[0])
+    if not items:
+        return [], [], []
+    t0, t1 = items[0][0], items[-1][0]
+    try:
+        runs = json.loads((work / "manifest.json").read_text()).get("runs") or []
+        t0 = min([t0] + [r["started"] for r in runs if r.get("started")])
+    except (OSError, ValueError):
+        pass
+    if bin_s is None:
+        bin_s = max(5.0, (t1 - t0) / 12)
+    nbins = int((t1 - t0) // bin_s) + 1
+    toks, rows = [0.0] * nbins, [0] * nbins
+    for t, tok, _ in items:
+        k = int((t - t0) // bin_s)
+        toks[k] += tok
+        rows[k] += 1
+    cum, acc = [], 0
+    for r in rows:
+        acc += r
+        cum.append(acc)
+    return [k * bin_s for k in range(nbins)], [x / bin_s for x in toks], cum
+
+
+def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None):
+    """Figure: output tokens/s per time bin, with finished rows on a second axis."""
+    import matplotlib.pyplot as plt
+
+    t, tok_s, cum = throughput_series(work, bin_s)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+    else:
+        fig = ax.figure
+    width = (t[1] - t[0]) if len(t) > 1 else 1.0
+    mins = [x / 60 for x in t] + ([(t[-1] + width) / 60] if t else [])
+    ax.stairs(tok_s, mins, color="tab:blue", label="output tok/s", fill=True, alpha=0.35)
+    ax.set_xlabel("minutes since the run began")
+    ax.set_ylabel("output tokens/s", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(mins, [0] + cum if t else [], color="tab:orange", marker=".", label="rows finished")
+    ax2.set_ylabel("rows finished", color="tab:orange")
+    ax2.set_ylim(bottom=0)
+    ax.set_title(f"regeneration throughput: {Path(work).name}")
+    fig.tight_layout()
+    return fig
+
+# ------------------------------------------------------------------ notebook 03 report figures
+
+def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
+    """Token counts of assistant answers before (the dataset's, by `tokenizer`) and after
+    regeneration (the server's `completion_tokens`)."""
+    def count(rows):
+        texts = [m["content"] for r in rows for m in r["messages"]
+                 if m["role"] == "assistant" and m["content"]]
+        if not texts:
+            return []
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+
+    def served(rows):  # the server's own token counts where recorded
+        out = []
+        for r in rows:
+            regen = (r.get("meta") or {}).get("regen")
+            if regen and all(c is not None for c in regen.get("completion_tokens", [None])):
+                out += regen["completion_tokens"]
+            else:
+                out += count([r])
+        return out
+
+    return {"before": count([r for rows in source_rows.values() for r in rows]),
+            "after": served([r for rows in regen_rows.values() for r in rows])}
+
+
+def finish_counts(work: str | os.PathLike) -> dict:
+    """Finish reasons of every regenerated turn in a work folder (kept and dropped rows)."""
+    from collections import Counter
+
+    work, counts = Path(work), Counter()
+    for path in shard_paths(work):
+        for row in _read_lenient(path):
+            counts.update(((row.get("meta") or {}).get("regen") or {}).get("finish_reasons", []))
+    if (work / "dropped.jsonl").exists():
+        for rec in _read_lenient(work / "dropped.jsonl"):
+            counts.update(rec.get("finish_reasons", ["length"]))
+    return dict(counts)
+
+
+def plot_finish_and_lengths(finish: dict, lengths: dict, max_tokens: int | None = None):
+    """Two panels: finish reasons per split ({split: {reason: n}}); answer lengths before/after."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    splits = list(finish)
+    reasons = sorted({r for s in finish.values() for r in s})
+    width = 0.8 / max(len(reasons), 1)
+    for k, reason in enumerate(reasons):
+        vals = [finish[s].get(reason, 0) for s in splits]
+        ax1.bar([i + k * width for i in range(len(splits))], vals, width, label=reason)
+    ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(splits))], splits)
+    ax1.set_ylabel("answers (turns)")
+    ax1.set_title("finish reasons")
+    ax1.legend()
+    top = max([*lengths["before"], *lengths["after"], 1])
+    bins = list(range(0, top + max(top // 30, 1) + 1, max(top // 30, 1)))
+    for key, color in (("before", "tab:gray"), ("after", "tab:blue")):
+        if lengths[key]:
+            ax2.hist(lengths[key], bins=bins, alpha=0.55, color=color,
+                     label=f"{key} (n={len(lengths[key])})")
+    if max_tokens:
+        ax2.axvline(max_tokens, color="tab:red", ls="--", lw=1, label=f"max_tokens {max_tokens}")
+    ax2.set_xlabel("answer length (target tokens)")
+    ax2.set_ylabel("answers")
+    ax2.set_title("answer lengths before / after regeneration")
+    ax2.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,188 @@
+"""One regeneration run end to end, and notebook 03's splits: server backend or batch backend."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from draftlab.core.records import RecordError
+from draftlab.core.serve import LocalServer
+from draftlab.model.target import EMBEDDED_NAME, load_target, resolve_path
+from draftlab.regenerate.batch import regenerate_batch
+from draftlab.regenerate.client import (
+    ChatClient,
+    RequestFailed,
+    ServerPool,
+    reason_kind,
+)
+from draftlab.regenerate.config import (
+    RegenConfig,
+    load_conversations,
+    plan_turns,
+    slots,
+)
+from draftlab.regenerate.outputs import (
+    Outputs,
+    Progress,
+    RunStats,
+    WorkLock,
+    build_row,
+    finalize,
+    outcome,
+    scan_work,
+    write_manifest,
+)
+
+
+async def regenerate_row(client: ChatClient, row: dict) -> dict:
+    """Replay a conversation turn by turn; each assistant turn sees the regenerated history."""
+    t0 = time.time()
+    plan = plan_turns(row["messages"], client.config)
+    turns, attempts = [], 0
+    for i in slots(plan):
+        try:
+            result, n = await client.complete(plan[:i])
+        except RequestFailed as exc:
+            exc.reason = f"turn {len(turns)}: {exc.reason}"
+            raise
+        attempts += n
+        plan[i] = {"role": "assistant", "content": result.pop("text")}
+        turns.append(result)
+    return build_row(row, plan, turns, client.config, "server", attempts, t0)
+
+
+async def regenerate_async(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
+                           config: RegenConfig, *, input_path: str = "", progress: bool = True,
+                           desc: str = "regenerate") -> dict:
+    """Regenerate the rows not yet finished in `work`; returns the run's summary."""
+    work = Path(work)
+    with WorkLock(work):
+        return await _regenerate_locked(rows, work, base_urls, config, input_path=input_path,
+                                        progress=progress, desc=desc)
+
+
+async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progress, desc):
+    state = scan_work(work)
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        raise RecordError(f"{input_path or 'input'}: duplicate ids; ids must be unique")
+    finished = state.finished
+    todo = [r for r in rows if r["id"] not in finished
+            and (config.retry_errors or r["id"] not in state.errors)]
+    stats = RunStats(total=len(rows), skipped=len(rows) - len(todo))
+    write_manifest(work, input_path, len(rows), config, "server", list(base_urls))
+    out = Outputs(work, config)
+    out.written |= finished
+    pool = ServerPool(list(base_urls), config)
+    client = ChatClient(pool, config, stats)
+    bar = Progress(stats, progress, desc)
+    queue: asyncio.Queue = asyncio.Queue()
+    for r in todo:
+        queue.put_nowait(r)
+
+    async def worker():
+        while True:
+            try:
+                row = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                outcome(out, stats, await regenerate_row(client, row))
+            except RequestFailed as exc:
+                stats.errors += 1
+                stats.error_reasons[reason_kind(exc.reason)] += 1
+                out.write_error({"id": row["id"], "reason": exc.reason, "t": time.time()})
+            bar.step()
+
+    n_workers = min(len(todo), sum(e.capacity for e in pool.endpoints)) or 0
+    try:
+        await asyncio.gather(*(worker() for _ in range(n_workers)))
+    finally:
+        bar.close()
+        out.close()
+        await client.aclose()
+    summary = stats.summary()
+    summary["servers"] = pool.stats()
+    return summary
+
+
+def run_sync(coro):
+    """asyncio.run, also from inside a running loop (Jupyter): then in a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="draftlab-regenerate", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
+               config: RegenConfig, **kwargs) -> dict:
+    """Blocking wrapper of `regenerate_async` (works in scripts and notebooks)."""
+    return run_sync(regenerate_async(rows, work, base_urls, config, **kwargs))
+
+
+# ------------------------------------------------------------------ the stage (notebook 03)
+
+def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+                      config: RegenConfig, *, backend: str = "server", base_urls=(),
+                      target: str = "tiny", device: str = "cpu", dtype=None,
+                      batch_size: int = 1024, batch_tokens: int = 0, limits: dict[str, int] | None = None,
+                      progress: bool = True) -> dict:
+    """Regenerate each split (e.g. train, val) into OUT/<split>.jsonl, resumably.
+
+    backend "server": the given base URLs, or else a `transformers serve` of `target` started
+    on loopback for the duration (log: OUT/serve.log). backend "batch": `regen_batch`.
+    Work folders are OUT/work/<split>/ (what `draftlab monitor` reads).
+    """
+    from contextlib import ExitStack
+
+    out_dir = Path(out_dir)
+    limits = limits or {}
+    rows = {s: load_conversations(p, limits.get(s, 0)) for s, p in inputs.items()}
+    config.model_name = config.model_name or (EMBEDDED_NAME if target == "embedded" else target)
+    report = {"backend": backend, "splits": {}, "server_startup_s": None}
+    with ExitStack() as stack:
+        urls = list(base_urls)
+        if backend == "batch":
+            tgt = load_target(target, device=device, dtype=dtype)
+            config.model = config.model or target
+        elif not urls:
+            # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
+            threads = 1 if target == "tiny" and device == "cpu" else None
+            srv = stack.enter_context(LocalServer(resolve_path(target), out_dir / "serve.log",
+                                                  device=device, threads=threads))
+            urls, config.model = [srv.base_url], config.model or srv.model
+            report["server_startup_s"] = round(srv.startup_s, 1)
+        elif not config.model:
+            raise ValueError("config.model (the served model name) is needed with base_urls")
+        report["servers"] = urls
+        for split, split_rows in rows.items():
+            work = out_dir / "work" / split
+            if backend == "batch":
+                summary = regenerate_batch(split_rows, work, config, target=tgt, batch_size=batch_size,
+                                           batch_tokens=batch_tokens, input_path=str(inputs[split]),
+                                           progress=progress, desc=f"regenerate[batch] {split}")
+            else:
+                summary = regenerate(split_rows, work, urls, config, input_path=str(inputs[split]),
+                                     progress=progress, desc=f"regenerate {split}")
+            summary["final"] = finalize(work, out_dir / f"{split}.jsonl", split_rows)
+            summary["work"] = str(work)
+            report["splits"][split] = summary
+    return report

@@ -1,0 +1,2 @@
+"""Running notebooks: the notebook-side helpers (run.notebook) and the headless runner (`draftlab run`)."""
+

@@ -1,0 +1,35 @@
+"""Notebook 04: EAGLE-3 (and EAGLE-1-style) draft training with training-time test (`draftlab train`, `export`).
+
+The names below are the stage's public API; other stages import only these."""
+
+
+from draftlab.train_draft.checkpoint import (  # noqa: F401
+    Logs,
+    find_checkpoint,
+    load_checkpoint_draft,
+    save_checkpoint,
+    summarize,
+)
+from draftlab.train_draft.config import (  # noqa: F401
+    TrainConfig,
+)
+from draftlab.train_draft.figures import (  # noqa: F401
+    plot_step_accuracy,
+    plot_training,
+    read_logs,
+)
+from draftlab.train_draft.loop import (  # noqa: F401
+    RESUME_FREE,
+    train,
+)
+from draftlab.train_draft.objective import (  # noqa: F401
+    ATTENTION_KERNELS,
+    Features,
+    TTTObjective,
+    attention_kernel,
+    collate,
+    dist_info,
+    epoch_plans,
+    plan_epoch,
+    soft_targets,
+)

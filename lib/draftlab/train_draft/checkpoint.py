@@ -1,0 +1,174 @@
+"""Checkpoints (model, optimizer, RNG, position in the epoch) and the training logs.
+
+A checkpoint holds everything a resumed run needs to continue bit for bit; logs are CSV and
+TensorBoard, read back by notebook 04's figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.utils.checkpoint
+from safetensors.torch import save_file
+
+from draftlab.core.acceptance import simulated_acceptance
+from draftlab.core.files import atomic_path
+from draftlab.model.draft import Eagle3Draft, config_from_dict
+from draftlab.model.target import load_target
+from draftlab.train_draft.config import TrainConfig
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+def _optimizer_tensors(opt) -> tuple[dict, dict]:
+    """Optimizer state -> (tensors for safetensors, JSON-able rest)."""
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"state.{pid}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{k}"] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _optimizer_state(tensors: dict, rest: dict) -> dict:
+    state = {}
+    for name, v in tensors.items():
+        if not name.startswith("state."):
+            continue
+        _, pid, k = name.split(".", 2)
+        state.setdefault(int(pid), {})[k] = v
+    for name, v in rest["scalars"].items():
+        pid, k = name.split(".", 1)
+        state.setdefault(int(pid), {})[k] = v
+    return {"state": state, "param_groups": rest["param_groups"]}
+
+
+def save_checkpoint(out_dir: Path, step: int, draft, opt, sched, cfg: TrainConfig, extra: dict) -> Path:
+    """ckpt-NNNNNNN/: draft.safetensors, optimizer.safetensors (+ RNG), state.json; atomic rename."""
+
+    final = out_dir / f"ckpt-{step:07d}"
+    with atomic_path(final, prefix=".") as tmp:
+        _write_checkpoint(tmp, step, draft, opt, sched, cfg, extra)
+    (out_dir / "latest").write_text(final.name + "\n")
+    ckpts = sorted(out_dir.glob("ckpt-*"))
+    for old in ckpts[: max(0, len(ckpts) - cfg.keep_checkpoints)]:
+        shutil.rmtree(old)
+    return final
+
+
+def _write_checkpoint(tmp: Path, step: int, draft, opt, sched, cfg: TrainConfig, extra: dict) -> None:
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}, str(tmp / "draft.safetensors"))
+    opt_t, opt_rest = _optimizer_tensors(opt)
+    opt_t["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        opt_t["rng.cuda"] = torch.cuda.get_rng_state()
+    save_file(opt_t, str(tmp / "optimizer.safetensors"))
+    state = {"step": step, "train_config": asdict(cfg), "draft_config": draft.config.to_dict(),
+             "optimizer": opt_rest, "scheduler": sched.state_dict(),
+             "python_random": _jsonable(random.getstate()), **extra}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+
+
+def _jsonable(x):
+    return [_jsonable(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def _tuple(x):
+    return tuple(_tuple(v) for v in x) if isinstance(x, list) else x
+
+
+def find_checkpoint(path) -> Path:
+    """A ckpt-* folder, or the latest one of a training folder."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return path
+    if (path / "latest").is_file():
+        ck = path / (path / "latest").read_text().strip()
+        if (ck / "state.json").is_file():
+            return ck
+    ckpts = sorted(path.glob("ckpt-*"))
+    if not ckpts:
+        raise FileNotFoundError(f"{path}: no checkpoint (ckpt-*/state.json); train first (draftlab train)")
+    return ckpts[-1]
+
+
+def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "cpu", target=None):
+    """(draft with trained weights, Target) from a checkpoint, for export or evaluation; `target`:
+    an already loaded one (its embedding is shared, as in training)."""
+    from safetensors.torch import load_file
+
+    ck = find_checkpoint(path)
+    state = json.loads((ck / "state.json").read_text())
+    if target is None:
+        target = load_target(target_spec or state["train_config"]["target"], device=device)
+    dc = dict(state["draft_config"])
+    ids = (dc.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if "draftlab" not in dc and ids is not None:
+        # a checkpoint holds the in-memory config, whose ids are already hidden_states indices: say so,
+        # or config_from_dict reads them as SGLang's exported ids and shifts every layer by one
+        dc["draftlab"] = {"capture_layers": ids}
+    draft = Eagle3Draft(config_from_dict(dc), target.model.get_input_embeddings())
+    draft.load_state_dict(load_file(str(ck / "draft.safetensors")))
+    return draft.to(target.device).eval(), target
+
+
+# ---- logs ------------------------------------------------------------------------------------
+class Logs:
+    """train.csv + eval.csv + TensorBoard under out_dir (rank 0 only); rows past a resumed step dropped."""
+
+    def __init__(self, out_dir: Path, start_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.dir = out_dir
+        for name in ("train.csv", "eval.csv"):
+            p = out_dir / name
+            if p.is_file():
+                with open(p) as f:
+                    rows = [r for r in csv.DictReader(f) if int(r["step"]) <= start_step]
+                self._write(p, rows, rewrite=True)
+        self.tb = SummaryWriter(log_dir=str(out_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+
+    @staticmethod
+    def _write(path: Path, rows: list[dict], rewrite: bool = False):
+        if not rows and not rewrite:
+            return
+        exists = path.is_file() and not rewrite
+        fields = list(rows[0].keys()) if rows else []
+        if exists:
+            with open(path) as f:
+                fields = next(csv.reader(f), fields)
+        with open(path, "a" if exists else "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            if not exists and fields:
+                w.writeheader()
+            w.writerows(rows)
+
+    def log(self, kind: str, row: dict):
+        self._write(self.dir / f"{kind}.csv", [row])
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)):
+                self.tb.add_scalar(f"{kind}/{k}", v, row["step"])
+        self.tb.flush()
+
+
+def summarize(stats: torch.Tensor, decay: float) -> dict:
+    """stats [steps, 4] summed -> loss_i, acc_i, weighted loss, simulated acceptance length."""
+    out, loss, rates = {}, 0.0, []
+    for i, (ce, n, correct, scored) in enumerate(stats.tolist()):
+        li = ce / max(n, 1)
+        ai = correct / max(scored, 1)
+        out[f"loss_{i}"], out[f"acc_{i}"] = li, ai
+        loss += decay ** i * li
+        rates.append(ai)
+    out["loss"] = loss
+    out["sim_accept_len"] = simulated_acceptance(rates)
+    return out

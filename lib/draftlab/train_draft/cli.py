@@ -1,0 +1,79 @@
+"""`draftlab train` and `draftlab export`: train a draft, export a checkpoint in SGLang's format."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import torch.utils.checkpoint
+
+from draftlab.model.export import export_draft, validate
+from draftlab.train_draft.checkpoint import load_checkpoint_draft
+from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.loop import train
+from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
+    ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
+    choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"],
+               "attention": list(ATTENTION_KERNELS)}
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, bool):
+            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default, metavar="BOOL")
+        elif isinstance(default, list):
+            ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER")
+        else:
+            ap.add_argument(flag, type=type(default), default=default, choices=choices.get(f.name))
+    ap.add_argument("--resume", action="store_true", help="continue from OUT_DIR's latest checkpoint, exactly")
+    ap.add_argument("--export", default="", help="after training, export the draft here (rank 0) and validate it")
+    ap.set_defaults(func=_train_main)
+    return ap
+
+
+def _train_main(args) -> int:
+    d = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    d["capture_layers"] = list(d["capture_layers"] or [])
+    result = train(TrainConfig(**d), resume=args.resume)
+    _, rank, _ = dist_info()
+    if args.export and rank == 0 and result["finished"]:
+        export_draft(result["draft"], args.export, max_position_embeddings=result["target"].max_position_embeddings)
+        problems = validate(args.export, result["target"], allow_eagle1=not result["draft"].use_aux)
+        print(
+            f"exported {args.export}: " + ("conforms to the EAGLE-3 contract" if not problems else "; ".join(problems))
+        )
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+# ---- CLI -------------------------------------------------------------------------------------
+def add_export_parser(subparsers) -> argparse.ArgumentParser:
+    """`draftlab export`: a training checkpoint -> SGLang folder, then validate it."""
+    ap = subparsers.add_parser("export", help="export a trained draft in SGLang's EAGLE-3 format and validate it")
+    ap.add_argument("checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir "
+                                       "(latest)")
+    ap.add_argument("out", help="output folder (config.json + model.safetensors)")
+    ap.add_argument("--target", default=None, help="target spec (default: the one the checkpoint was trained with)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--validate-only", action="store_true", help="only validate OUT (CHECKPOINT is ignored)")
+    ap.add_argument("--allow-eagle1", action="store_true", help="with --validate-only: accept an EAGLE-1-style draft")
+    ap.set_defaults(func=_export_main)
+    return ap
+
+
+def _export_main(args) -> int:
+    if args.validate_only:
+        problems = validate(args.out, allow_eagle1=args.allow_eagle1)
+    else:
+        draft, target = load_checkpoint_draft(args.checkpoint, target_spec=args.target)
+        export_draft(draft, args.out, max_position_embeddings=target.max_position_embeddings, dtype=args.dtype)
+        problems = validate(args.out, target, allow_eagle1=not draft.use_aux)
+    for line in problems:
+        print("DEVIATION:", line)
+    print(f"{args.out}: {'conforms to the EAGLE-3 contract' if not problems else f'{len(problems)} deviation(s)'}")
+    return 0 if not problems else 1

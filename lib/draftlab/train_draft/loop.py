@@ -1,0 +1,389 @@
+"""The training run: set-up (target, data, vocabulary, draft), the step loop, validation and resume.
+
+`train` runs a TrainingRun, whose named phases are its methods, in order: check, device, target,
+data, draft (vocabulary + model), hidden (offline states), optimizer (+ schedule and resume),
+then the step loop with its evaluations and checkpoints. State lives on the object, so each
+phase reads what the earlier ones set and nothing is shared through closures.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from draftlab.core.files import atomic_write_json
+from draftlab.model.chat_data import load_tokenized
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import OfflineHidden, precompute_hidden
+from draftlab.model.target import autocast, avoid_cudnn_attention, load_target, resolve_device
+from draftlab.train_draft.checkpoint import (
+    Logs,
+    _optimizer_state,
+    _tuple,
+    find_checkpoint,
+    save_checkpoint,
+    summarize,
+)
+from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.objective import (
+    ATTENTION_KERNELS,
+    Features,
+    TTTObjective,
+    _all_reduce,
+    attention_kernel,
+    collate,
+    dist_info,
+    epoch_plans,
+    plan_epoch,
+    soft_targets,
+)
+from draftlab.train_draft.vocab import build_draft_vocab, coverage, save_vocab, token_counts
+
+
+# ---- the training run ------------------------------------------------------------------------
+def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
+    """Train a draft; returns {"draft", "target", "out_dir", "final", "eval", "stats", ...}.
+
+    Under torchrun every rank calls this; rank 0 writes logs and checkpoints.
+    """
+    return TrainingRun(cfg, resume, target).run()
+
+
+class TrainingRun:
+    """One call of `train`. Set-up seconds are kept by phase (printed with their sum): where a slow start goes."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, target=None):
+        self.cfg, self.resume, self.target = cfg, resume, target
+        self.phases: dict[str, float] = {}
+        self._mark = time.time()
+
+    def run(self) -> dict:
+        self.check()
+        self.setup_device()
+        self.load_target()
+        self.load_data()
+        self.build_draft()
+        self.hidden_states()
+        self.build_optimizer()
+        self.restore()
+        self._phase_done("rest")
+        self.report_setup()
+        self.loop()
+        return self.finish()
+
+    def _phase_done(self, name: str) -> None:
+        self.phases[name], self._mark = time.time() - self._mark, time.time()
+
+    # ---- set-up phases
+    def check(self) -> None:
+        cfg = self.cfg
+        if cfg.arch not in ("eagle3", "eagle1"):
+            raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
+        if cfg.hidden not in ("online", "offline"):
+            raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
+        if cfg.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
+
+    def setup_device(self) -> None:
+        cfg = self.cfg
+        self.world, self.rank, local_rank = dist_info()
+        self.local_rank = local_rank
+        device = resolve_device(cfg.device)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+            if device.startswith("cuda"):
+                device = f"cuda:{local_rank}"
+                torch.cuda.set_device(device)
+        if not device.startswith("cuda"):
+            torch.set_num_threads(max(1, cfg.threads))
+        self.device, self.is_main = device, self.rank == 0
+        self.out_dir = Path(cfg.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+    def load_target(self) -> None:
+        if self.target is None:
+            self.target = load_target(self.cfg.target, device=self.device)
+        self.target.model.requires_grad_(False)
+        self._phase_done("target")
+        if self.device.startswith("cuda"):
+            avoid_cudnn_attention()  # also when the caller built the target itself
+
+    def load_data(self) -> None:
+        """Rank 0 tokenises and caches first, the others read the cache."""
+        cfg, target = self.cfg, self.target
+        cache = self.out_dir.parent / "tokens"
+        if self.world > 1 and not self.is_main:
+            torch.distributed.barrier()
+        lim = cfg.max_train_samples or None
+        self.train_ds, self.train_stats = load_tokenized(cfg.train_file, target.tokenizer, cfg.max_len, cfg.overlong,
+                                                         cache, lim)
+        self.val_ds, self.val_stats = (load_tokenized(cfg.val_file, target.tokenizer, cfg.max_len, cfg.overlong,
+                                                      cache, cfg.max_val_samples or None)
+                                       if cfg.val_file else (None, None))
+        if self.world > 1 and self.is_main:
+            torch.distributed.barrier()
+        self.lengths = [len(x) for x in self.train_ds["input_ids"]]
+        self._phase_done("data")
+
+    def build_draft(self) -> None:
+        """The draft vocabulary (most frequent loss-masked tokens) and the draft model."""
+        cfg, target = self.cfg, self.target
+        self.counts = token_counts(self.train_ds, target.vocab_size)
+        self.draft_ids = build_draft_vocab(self.counts, cfg.draft_vocab_size)
+        self.layers = list(cfg.capture_layers) or target.capture_layers
+        dcfg = draft_config_for_target(target.config, draft_vocab_size=cfg.draft_vocab_size, capture_layers=self.layers,
+                                       intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3")
+        draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
+        draft.set_vocab(self.draft_ids)
+        if cfg.init_from_target:
+            with torch.no_grad():
+                head = target.model.get_output_embeddings().weight[self.draft_ids.to(target.device)]
+                draft.lm_head.weight.copy_(head.float().cpu())
+                draft.norm.weight.copy_(target.model.base_model.norm.weight.float().cpu())
+        draft.to(self.device)
+        if self.is_main:
+            save_vocab(self.out_dir / "vocab.json", self.draft_ids, self.counts)
+        self.draft = draft
+        self._phase_done("vocab+draft")
+
+    def hidden_states(self) -> None:
+        """Offline: the target's states for every conversation, precomputed once into shards."""
+        cfg, target, layers = self.cfg, self.target, self.layers
+        offline = offline_val = None
+        use_aux = cfg.arch == "eagle3"
+        if cfg.hidden == "offline":
+            hdtype = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32}.get(
+                cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
+            hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else self.out_dir.parent / "hidden"
+            shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
+            if self.is_main:
+                precompute_hidden(target, self.train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype,
+                                  batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+                if self.val_ds is not None:
+                    precompute_hidden(target, self.val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype,
+                                      batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+            if self.world > 1:
+                torch.distributed.barrier()
+            offline = OfflineHidden(hdir / "train", self.train_ds)
+            offline_val = OfflineHidden(hdir / "val", self.val_ds) if self.val_ds is not None else None
+            if offline.layers != layers:
+                raise ValueError(f"{hdir}: stored layers {offline.layers} differ from capture layers {layers}")
+        self._phase_done("hidden")
+        self.feats = Features(target, layers, use_aux, offline)
+        self.feats_val = Features(target, layers, use_aux, offline_val)
+
+    def build_optimizer(self) -> None:
+        """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
+        cfg = self.cfg
+        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay)
+        self.model = self.objective
+        if self.world > 1:
+            # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
+            self.model = nn.parallel.DistributedDataParallel(
+                self.objective, device_ids=[self.local_rank] if self.device.startswith("cuda") else None,
+                broadcast_buffers=False,
+            )
+        self.params = [p for p in self.draft.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.per_step = self.world * cfg.grad_accum
+        self.plans = epoch_plans(self.lengths, cfg, self.per_step)
+        self.total_steps = sum(s for _, _, s in self.plans)
+        if self.total_steps == 0:
+            raise ValueError(f"{cfg.train_file}: {len(self.lengths)} samples give no full step of {self.per_step} "
+                             "batches; lower batch_tokens or add data")
+        self.sched = get_cosine_schedule_with_warmup(self.opt, max(1, round(cfg.warmup_ratio * self.total_steps)),
+                                                     self.total_steps)
+        # step -> (epoch, its epoch's plan, index of its first batch within the epoch)
+        self.where = [(e, plan, j) for e, plan, steps in self.plans for j in range(steps)]
+
+    def restore(self) -> None:
+        """Resume: the latest checkpoint of out_dir, if its recipe is this one; training seconds carried on."""
+        self.step, self.prior_s = 0, 0.0
+        if not self.resume:
+            return
+        try:
+            ck = find_checkpoint(self.out_dir)
+        except FileNotFoundError:
+            return
+        _check_same_recipe(ck, self.cfg)
+        self.step = _restore(ck, self.draft, self.opt, self.sched, self.device)
+        self.prior_s = float(json.loads((ck / "state.json").read_text()).get("train_elapsed_s", 0.0))
+        if self.is_main:
+            print(f"resumed from {ck} at step {self.step}/{self.total_steps}", flush=True)
+
+    def report_setup(self) -> None:
+        if not self.is_main:
+            return
+        cfg, n_params = self.cfg, sum(p.numel() for p in self.params)
+        print(
+            f"train {cfg.arch}: {len(self.lengths)} conversations ({self.train_stats}), {sum(self.lengths):,} tokens, "
+            f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(self.counts, self.draft_ids):.3f}, "
+            f"{self.total_steps} steps x {self.per_step} micro-batches, world {self.world}, device {self.device}; "
+            f"set-up {sum(self.phases.values()):.1f} s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in self.phases.items())})",
+            flush=True,
+        )
+
+    # ---- the step loop
+    def batch_tensors(self, indices, feature_fn):
+        """One micro-batch: features, ids, masks and the target's soft labels over the draft vocabulary."""
+        data = self.train_ds if feature_fn is self.feats else self.val_ds
+        ids, valid, loss_mask = collate(data, indices, self.target.tokenizer.pad_token_id or 0, self.cfg.pad_multiple)
+        f, last = feature_fn(indices, ids, valid, self.device)
+        ids, valid, loss_mask = ids.to(self.device), valid.to(self.device), loss_mask.to(self.device)
+        with autocast(self.device):
+            target_d, top, in_vocab = soft_targets(self.target, last.to(self.target.model.dtype), self.dids,
+                                                   self.t2d)
+        pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L]: token p+1 is an assistant token
+        return f, ids, valid, pred_mask, in_vocab, target_d, top
+
+    def evaluate(self) -> dict:
+        cfg, draft = self.cfg, self.draft
+        draft.eval()
+        stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
+        vplan = plan_epoch([len(x) for x in self.val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
+        with torch.no_grad(), autocast(self.device), attention_kernel(cfg.attention):
+            for b in vplan[self.rank::self.world]:
+                stats += self.objective(*self.batch_tensors(b, self.feats_val))[1].float()
+        _all_reduce(stats)
+        draft.train()
+        return summarize(stats.cpu(), cfg.step_decay)
+
+    def where_now(self, epoch, j) -> dict:
+        """What a checkpoint records besides the tensors: data position and training seconds so far."""
+        return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": self.total_steps,
+                "train_elapsed_s": self.prior_s + time.time() - self.t0}
+
+    def train_step(self, epoch, plan, j):
+        """One optimizer step over this rank's grad_accum micro-batches; its summed stats."""
+        cfg, world = self.cfg, self.world
+        chunk = plan[j * self.per_step:(j + 1) * self.per_step]
+        mine = [chunk[a * world + self.rank] for a in range(cfg.grad_accum)]
+        step_stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
+        for a, b in enumerate(mine):
+            sync = self.model.no_sync() if (world > 1 and a < cfg.grad_accum - 1) else nullcontext()
+            with sync, attention_kernel(cfg.attention):  # forward and backward inside one no_sync (usable once)
+                tensors = self.batch_tensors(b, self.feats)
+                with autocast(self.device):
+                    loss, stats = self.model(*tensors)
+                (loss / cfg.grad_accum).backward()
+            step_stats += stats.float()
+            self.tok_seen += int(tensors[2].sum())
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return step_stats
+
+    def after_step(self, epoch, plan, j) -> bool:
+        """Log, evaluate and checkpoint on their schedules; False when stop_after ends this call."""
+        cfg, step, total = self.cfg, self.step, self.total_steps
+        if self.is_main and (step % cfg.log_every == 0 or step == total):
+            dt = time.time() - self.t0
+            row = {"step": step, "epoch": round(epoch + (j + 1) / max(1, len(plan) // self.per_step), 4),
+                   "lr": self.sched.get_last_lr()[0], **summarize(self.window, cfg.step_decay),
+                   "tokens_per_s": self.tok_seen * self.world / max(dt, 1e-9), "elapsed_s": dt}
+            self.logs.log("train", row)
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}")
+            self.window.zero_()
+        if self.val_ds is not None and (step % cfg.eval_every == 0 or step == total):
+            self.last_eval = {"step": step, **self.evaluate()}
+            if self.is_main:
+                self.logs.log("eval", self.last_eval)
+        if self.is_main and (step % cfg.save_every == 0 or step == total):
+            save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+        if self.world > 1 and step % cfg.save_every == 0:
+            torch.distributed.barrier()
+        if cfg.stop_after and step - self.started >= cfg.stop_after and step < total:
+            if self.is_main:
+                save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+            return False
+        return True
+
+    def loop(self) -> None:
+        cfg = self.cfg
+        self.logs = Logs(self.out_dir, self.step) if self.is_main else None
+        self.t2d, self.dids = self.draft.t2d, self.draft.draft_ids()
+        self.draft.train()
+        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {cfg.arch}",
+                        disable=not self.is_main)
+        self.t0, self.tok_seen, self.window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
+        self.last_eval, self.started = None, self.step
+        if self.val_ds is not None and self.step == 0:  # the untrained draft: the baseline of the curves
+            self.last_eval = {"step": 0, **self.evaluate()}
+            if self.is_main:
+                self.logs.log("eval", self.last_eval)
+                print(f"step-0 evaluation: {time.time() - self.t0:.1f} s", flush=True)
+            self.t0 = time.time()
+        while self.step < self.total_steps:
+            epoch, plan, j = self.where[self.step]
+            self.window += _all_reduce(self.train_step(epoch, plan, j)).cpu()
+            self.bar.update(1)
+            if not self.after_step(epoch, plan, j):
+                break
+        self.bar.close()
+
+    def finish(self) -> dict:
+        """The result (and summary.json on rank 0)."""
+        if self.last_eval is None and self.val_ds is not None and self.step >= self.total_steps:
+            self.last_eval = {"step": self.step, **self.evaluate()}  # resumed a finished run
+        elapsed = time.time() - self.t0
+        result = {"draft": self.draft, "target": self.target, "out_dir": self.out_dir, "steps": self.step,
+                  "total_steps": self.total_steps, "finished": self.step >= self.total_steps, "eval": self.last_eval,
+                  "train_stats": self.train_stats, "val_stats": self.val_stats, "elapsed_s": elapsed,
+                  "elapsed_total_s": self.prior_s + elapsed, "resumed_from_step": self.started or None,
+                  "hidden_precompute_s": self.phases["hidden"],
+                  "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),
+                  "train_tokens": sum(self.lengths), "vocab_coverage": coverage(self.counts, self.draft_ids),
+                  "world": self.world}
+        if self.is_main:
+            atomic_write_json(self.out_dir / "summary.json",
+                              {k: v for k, v in result.items() if k not in ("draft", "target", "out_dir")}, indent=1)
+        return result
+
+
+# Settings that may change between a run and its resumption (they do not change the result).
+RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
+               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention")
+
+
+def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
+    old = json.loads((ck / "state.json").read_text())["train_config"]
+    new = asdict(cfg)
+    diff = {k: (old.get(k), new[k]) for k in new if k not in RESUME_FREE and old.get(k) != new[k]}
+    if diff:
+        raise ValueError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
+                         f"delete {ck.parent} to start afresh")
+
+
+def _restore(ck: Path, draft, opt, sched, device) -> int:
+    from safetensors.torch import load_file
+
+    state = json.loads((ck / "state.json").read_text())
+    draft.load_state_dict({k: v.to(device) for k, v in load_file(str(ck / "draft.safetensors")).items()})
+    tensors = load_file(str(ck / "optimizer.safetensors"))
+    opt.load_state_dict(_optimizer_state({k: v.to(device) if not k.endswith(".step") else v
+                                          for k, v in tensors.items()}, state["optimizer"]))
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    random.setstate(_tuple(state["python_random"]))
+    return int(state["step"])

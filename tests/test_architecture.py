@@ -1,0 +1,185 @@
+"""The import rules of ARCHITECTURE.md, read from the source with ast (nothing is imported).
+
+Layers: core -> model -> engine -> sglang -> run -> the stage packages in notebook order. A
+module imports only its own layer or lower ones; a stage imports earlier stages only through
+their public names; nothing imports in a cycle; only the command table (cli.py) imports lazily;
+a notebook imports run.notebook, the shared layers and its own stage. core has no torch.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "lib" / "draftlab"
+NOTEBOOKS = ROOT / "notebooks"
+
+# shared layers, lowest first; `sglang` is the SGLang bundle/server package (core and model only)
+SHARED = ["core", "model", "engine", "sglang", "run"]
+# what each shared layer may import besides itself
+SHARED_ALLOWED = {"core": set(), "model": {"core"}, "engine": {"core", "model"}, "sglang": {"core", "model"},
+                  "run": {"core", "model"}}
+STAGES = ["environment_check", "dataset_discovery", "blend", "regenerate", "train_draft", "flag_diagnosis",
+          "benchmark_acceptance", "data_scaling"]
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(LIB.rglob("*.py")):
+        parts = list(path.relative_to(LIB.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def draftlab_imports(path: Path):
+    """(imported module, imported names, inside a function?, line) for every draftlab import."""
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                if isinstance(child, ast.Import):
+                    items = [(a.name, []) for a in child.names]
+                else:
+                    assert not child.level, f"{path}:{child.lineno}: use absolute draftlab imports"
+                    items = [(child.module or "", [a.name for a in child.names])]
+                for module, names in items:
+                    if module == "draftlab" or module.startswith("draftlab."):
+                        found.append((module, names, in_function, child.lineno))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def resolve(module: str, names: list[str], known: dict) -> list[str]:
+    """The draftlab modules an import statement reaches (`from draftlab.x import y` may name module x.y)."""
+    subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in known]
+    return subs or [module]
+
+
+def top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def edges():
+    """(importing module, imported module, names, inside a function?, where) over lib/draftlab."""
+    known = modules()
+    for name, path in known.items():
+        for module, names, lazy, line in draftlab_imports(path):
+            for target in resolve(module, names, known):
+                yield name, target, names if target == module else [], lazy, f"{path.relative_to(ROOT)}:{line}"
+
+
+def test_layers_and_stage_order():
+    bad = []
+    for src, dst, names, _, where in edges():
+        a, b = top(src), top(dst)
+        if a in ("", "cli") or a == b or dst == "draftlab":
+            continue
+        if a in SHARED:
+            if b not in SHARED_ALLOWED[a]:
+                bad.append(f"{where}: {src} (layer {a}) imports {dst}")
+        elif a in STAGES:
+            if b in STAGES:
+                if STAGES.index(b) > STAGES.index(a):
+                    bad.append(f"{where}: stage {a} imports the later stage {b} ({dst})")
+                private = [n for n in names if n.startswith("_")] or [p for p in dst.split(".") if p.startswith("_")]
+                if private:
+                    bad.append(f"{where}: stage {a} imports private names {private} of stage {b}")
+            elif b not in SHARED:
+                bad.append(f"{where}: {src} imports {dst}, which is in no layer")
+        else:
+            bad.append(f"{where}: {src} is in no layer (add it to a package of ARCHITECTURE.md)")
+    assert not bad, "\n".join(bad)
+
+
+def import_graph() -> dict[str, set]:
+    graph: dict[str, set] = {}
+    for src, dst, *_ in edges():
+        if dst != src and dst != "draftlab":
+            graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def strongly_connected(graph: dict[str, set]) -> list[list[str]]:
+    """The groups of more than one module that import each other, directly or not (Tarjan)."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in list(graph):
+        if v not in index:
+            strong(v)
+    return groups
+
+
+def test_no_import_cycles():
+    cycles = strongly_connected(import_graph())
+    assert not cycles, cycles
+
+
+def test_lazy_imports_only_in_the_command_table():
+    lazy = [where for src, _, _, is_lazy, where in edges() if is_lazy and src != "draftlab.cli"]
+    assert not lazy, "import at the top of the module instead:\n" + "\n".join(lazy)
+
+
+def test_core_has_no_torch():
+    for name, path in modules().items():
+        if top(name) != "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(m.split(".")[0] in ("torch", "transformers") for m in mods), f"{path}:{node.lineno}"
+
+
+def test_modules_stay_small():
+    big = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"split these along their banner comments: {big}"
+
+
+def test_every_stage_has_a_package_with_a_cli():
+    for stage in STAGES:
+        assert (LIB / stage / "__init__.py").is_file(), stage
+        assert (LIB / stage / "cli.py").is_file() or stage == "data_scaling", f"{stage}/cli.py missing"
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
+def test_notebook_imports(path):
+    """A notebook is parameters, calls, plots and findings: it imports its own stage and the shared layers."""
+    stem = path.stem.split("_", 1)[1]
+    assert stem in STAGES, f"{path.name}: no package draftlab.{stem}"
+    bad = []
+    for module, names, _, line in draftlab_imports(path):
+        targets = resolve(module, names, modules())
+        for target in targets:
+            layer = top(target)
+            if target == "draftlab.run.notebook" or layer in ("core", "model", "engine", "sglang", stem):
+                continue
+            bad.append(f"{path.name}:{line}: {target}")
+    assert not bad, "\n".join(bad)
