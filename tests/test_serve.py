@@ -92,3 +92,33 @@ def test_failed_start_leaves_nothing_running(tmp_path):
     with pytest.raises(serve.ServerStartError, match="within"):
         slow.start()
     assert slow.proc is None and group_gone(slow.pid)
+
+
+@pytest.mark.server
+def test_transformers_serve_dies_with_a_sigkilled_parent(tmp_path):
+    """Issue 19.2: `kill -9` of the process that started `transformers serve` took the server with it
+    only by luck before; now the kernel stops it (PR_SET_PDEATHSIG, core.process)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    parent = textwrap.dedent(f"""
+        import time
+        from draftlab.core.serve import LocalServer
+        srv = LocalServer({str(tiny_folder())!r}, log_path={str(tmp_path / 'serve.log')!r}, threads=1,
+                          registry={str(tmp_path / 'registry')!r}).start()
+        print(srv.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    import time
+
+    deadline = time.monotonic() + 15
+    while not group_gone(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_gone(child) or open(f"/proc/{child}/stat").read().split()[2] == "Z", \
+        "transformers serve outlived its SIGKILLed parent"

@@ -116,13 +116,17 @@ def test_stop_stale_stops_recorded_servers_and_spares_reused_pids(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     (registry / f"{other.pid}.json").write_text(json.dumps({"pid": other.pid, "argv": ["not", "this"]}))
     (registry / "junk.json").write_text("{not json")
+    mine = subprocess.Popen(argv[:2] + [str(free_port())], start_new_session=True)  # a live run's server
+    (registry / f"{mine.pid}.json").write_text(json.dumps({"pid": mine.pid, "argv": mine.args, "parent": os.getppid()}))
     try:
         stopped = stop_stale(registry, grace=5)
         orphan.wait(timeout=10)
         assert [r["pid"] for r in stopped] == [orphan.pid]
         assert other.poll() is None  # a pid now running something else is left alone
-        assert not list(registry.glob("*.json"))
+        assert mine.poll() is None  # a server whose draftlab process still runs is that process's
+        assert [p.name for p in registry.glob("*.json")] == [f"{mine.pid}.json"]
     finally:
+        mine.kill()
         other.kill()
         orphan.kill()
 

@@ -66,8 +66,10 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 
 def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0) -> list[dict]:
-    """Stop every recorded server whose process is still alive and still runs the recorded
-    command (a pid reused by another program is left alone); returns the records it stopped."""
+    """Stop every recorded server that outlived the draftlab process that started it (its recorded
+    parent is gone) and still runs the recorded command (a pid reused by another program is left
+    alone); servers of live draftlab processes are theirs. Returns the records it stopped. Every
+    launch calls it first, so a rerun cleans up after a killed run."""
     folder = Path(registry) if registry else default_registry()
     stopped = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -77,6 +79,9 @@ def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0
         except (OSError, ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)
             continue
+        parent = rec.get("parent")
+        if isinstance(parent, int) and _alive(parent):
+            continue  # a live run's server (this process's own included)
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             same = [c.decode(errors="replace") for c in cmdline if c] == rec["argv"]
@@ -140,6 +145,12 @@ class ServerProcess:
             raise RuntimeError(f"{self.kind} already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else self.env)
+        for rec in stop_stale(self.registry):
+            print(
+                f"stopped a stale server left by an earlier run: pid {rec['pid']} ({rec.get('base_url')})",
+                file=sys.stderr,
+                flush=True,
+            )
         self._t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"# {shlex.join(self.argv)}\n".encode())
