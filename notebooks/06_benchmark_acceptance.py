@@ -52,9 +52,8 @@ LIVE_REPEATS = 3  # live: measurement windows per level (for confidence interval
 import pandas as pd
 import torch
 
-from draftlab.benchmark_acceptance import breakeven, sweeps
+from draftlab.benchmark_acceptance import breakeven, report, sweeps
 from draftlab.benchmark_acceptance import live as bench
-from draftlab.benchmark_acceptance import report as specdec_report
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
 
@@ -80,7 +79,7 @@ pd.DataFrame(sweeps.set_sizes(sets))
 
 # %%
 main, greedy = sweeps.runs_by_set(target, drafts, sets, MAIN_STEPS, MAX_NEW_TOKENS)
-specdec_report.table(main)
+report.table(main)
 
 # %% [markdown]
 # ## 3 · The wrong server flag: the EAGLE-3 draft under `--speculative-algorithm EAGLE`
@@ -90,7 +89,7 @@ specdec_report.table(main)
 # %%
 wrong = sweeps.wrong_mode_runs(target, drafts, sets[first], first, greedy[first], MAIN_STEPS,
                                MAX_NEW_TOKENS) if WRONG_MODE else []
-specdec_report.table(wrong) if wrong else "skipped"
+report.table(wrong) if wrong else "skipped"
 
 # %% [markdown]
 # ## 4 · Acceptance by chain length S (first evaluation set)
@@ -101,9 +100,9 @@ specdec_report.table(wrong) if wrong else "skipped"
 chain = sweeps.runs_by_chain(target, drafts, CHAIN_ARCHS, sets[first], first, CHAIN_STEPS, main, greedy[first],
                              MAX_NEW_TOKENS)
 lookup_rows = sweeps.lookup_by_chain(sets[first], greedy[first], first, CHAIN_STEPS)
-fig = specdec_report.plot_acceptance_by_chain(chain + lookup_rows)
+fig = report.plot_acceptance_by_chain(chain + lookup_rows)
 nb.save_figure(run, fig, "acceptance_by_chain")
-specdec_report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
+report.table(chain)[["arch", "S", "acceptance_length", "speedup", "decode_speedup", "lossless"]]
 
 # %%
 lookup_main = sweeps.lookup_by_set(sets, greedy, MAIN_STEPS)
@@ -120,14 +119,14 @@ fast = sweeps.fast_dtype_runs(TARGET, run.device, DTYPE, FAST_DTYPE, run.dir / "
                               CHAIN_ARCHS[0], sets[first], first, CHAIN_STEPS, FAST_TREES, TREE, MAIN_STEPS,
                               MAX_NEW_TOKENS)
 if fast:
-    fig = specdec_report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
+    fig = report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
     nb.save_figure(run, fig, "speedup_by_chain_dtypes")
 fast_columns = ["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup",
                 "lossless"]
-specdec_report.table(fast)[fast_columns] if fast else "skipped"
+report.table(fast)[fast_columns] if fast else "skipped"
 
 # %%
-fig = specdec_report.plot_acceptance_by_set(main + wrong)
+fig = report.plot_acceptance_by_set(main + wrong)
 nb.save_figure(run, fig, "acceptance_by_set")
 
 # %% [markdown]
@@ -138,12 +137,12 @@ nb.save_figure(run, fig, "acceptance_by_set")
 # %%
 tree = sweeps.tree_runs(target, drafts[ARCHS[0]], ARCHS[0], sets[first], first, greedy[first], TREE, MAIN_STEPS,
                         MAX_NEW_TOKENS)
-fig = specdec_report.plot_position_acceptance(main + tree)
+fig = report.plot_position_acceptance(main + tree)
 nb.save_figure(run, fig, "position_acceptance")
-specdec_report.table(tree) if tree else "skipped"
+report.table(tree) if tree else "skipped"
 
 # %%
-fig = specdec_report.plot_throughput(main + wrong + tree)
+fig = report.plot_throughput(main + wrong + tree)
 nb.save_figure(run, fig, "throughput")
 
 # %% [markdown]

@@ -69,7 +69,7 @@ def fit_costs(steps: list[int], cycle_s: list[float], step_s: float, source: str
 
 
 def decode_rates(row: dict) -> dict:
-    """From a specdec.compare() row: T1, the cycle time and tokens per cycle of the decode phase
+    """From an engine.compare() row: T1, the cycle time and tokens per cycle of the decode phase
     (the first token comes from the prefill in both paths and is left out)."""
     g, s = row["greedy"], row["speculative"]
     step_s = g["decode_s"] / max(1, g["completion_tokens"] - g["prompts"])
@@ -79,7 +79,7 @@ def decode_rates(row: dict) -> dict:
 
 
 def fit_from_runs(rows: list[dict]) -> CostModel:
-    """Fit v, c from the engine's chain runs (rows of specdec.chain_sweep), T1 from their greedy."""
+    """Fit v, c from the engine's chain runs (rows of engine.chain_sweep), T1 from their greedy."""
     rates = [decode_rates(r) for r in rows]
     step_s = sum(r["step_s"] for r in rates) / len(rates)
     return fit_costs([r["steps"] for r in rates], [r["cycle_s"] for r in rates], step_s,

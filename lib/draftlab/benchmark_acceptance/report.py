@@ -1,4 +1,4 @@
-"""Tables and figures of reference-engine runs (notebook 06): rows are `specdec.public(compare(...))`
+"""Tables and figures of reference-engine runs (notebook 06): rows are `engine.public(compare(...))`
 dicts, each naming its evaluation set and sample count."""
 
 from __future__ import annotations
