@@ -46,13 +46,16 @@ LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-r
 LIVE_SPEC_URLS = {}  # optional: {label: url} of speculative SGLang servers
 LIVE_CONCURRENCY = [1, 8]  # live: concurrency levels
 LIVE_REPEATS = 3  # live: measurement windows per level (for confidence intervals)
+SGLANG_STUDY = ""  # a `draftlab bench sglang` folder to draw beside the engine ("": RUN_DIR/sglang/study if it exists)
 
 # %%
+
+from pathlib import Path
 
 import pandas as pd
 import torch
 
-from draftlab.benchmark_acceptance import breakeven, report, sweeps
+from draftlab.benchmark_acceptance import breakeven, report, sglang_live, sweeps
 from draftlab.benchmark_acceptance import live as bench
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
@@ -190,11 +193,30 @@ if LIVE_BASELINE_URL:
                                  concurrency=LIVE_CONCURRENCY, repeats=LIVE_REPEATS, max_tokens=MAX_NEW_TOKENS)
 live if live is not None else "no live endpoints given"
 
+# %% [markdown]
+# ## 8 · Measured in SGLang (when a `draftlab bench sglang` study exists)
+# The same break-even model fitted to SGLang's own cycle times at batch 1 (`sglang_live.fit_server_costs`),
+# drawn beside the engine's: SGLang's plain step is about 3x faster than the engine's, so each
+# draft step costs relatively more there, and the same acceptance buys less speed.
+
+# %%
+study = Path(SGLANG_STUDY) if SGLANG_STUDY else run.dir / "sglang" / "study"
+server_fit = None
+if (study / "windows.jsonl").is_file():
+    server_model, server_rates = sglang_live.fit_server_costs(study)
+    fig = sglang_live.plot_breakeven_beside(fits.get(model_arch) if model_arch else None,
+                                            checks.get(model_arch, []) if model_arch else [], server_model,
+                                            server_rates, MAIN_STEPS)
+    nb.save_figure(run, fig, "breakeven_engine_vs_sglang")
+    server_fit = {"model": breakeven.as_dict(server_model), "rates": server_rates}
+    display(pd.DataFrame(server_rates))
+server_fit or f"no SGLang study at {study} (run `draftlab bench sglang --out {study}` on a GPU)"
+
 # %%
 nb.save_metrics(run, sweeps.metrics(device=run.device, dtype=DTYPE, max_new_tokens=MAX_NEW_TOKENS, sets=sets,
                                     main=main, wrong=wrong, chain=chain, fast=fast, lookup_main=lookup_main,
                                     lookup_rows=lookup_rows, tree=tree, fits=fits, checks=checks, example=example,
-                                    live=live))
+                                    live=live, sglang=server_fit))
 
 # %% [markdown]
 # ## Findings

@@ -231,3 +231,25 @@ def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
     assert s["sglang_regeneration_tok_s"] == 41000.0
     metrics["03_regenerate"]["backend"] = "batch"
     assert sglang_summary(tmp_path, metrics)[0]["sglang_regeneration_tok_s"] is None
+
+
+def test_break_even_beside_the_engine_draws_both_fits(tmp_path):
+    """Notebook 06's SGLang section: both curves and both engines' points in one figure."""
+    from draftlab.benchmark_acceptance.breakeven import CostModel
+
+    _write_result(tmp_path, "baseline", 800.0, 8000, None, [[1]])
+    for s, acc in ((1, 1.7), (3, 2.4)):
+        _write_result(tmp_path, f"EAGLE3 S{s} K1 D{s + 1}", acc * 800 / (1.2 + 0.25 * s), int(acc * 1000), 1000, [[1]],
+                      steps=s)
+    rows = [json.loads(x) for x in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.update(algorithm=None if r["label"] == "baseline" else "EAGLE3", topk=None if r["label"] == "baseline" else 1)
+    (tmp_path / "windows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, rates = live.fit_server_costs(tmp_path)
+    engine = CostModel(verify_cost=1.1, draft_cost=0.08)
+    checks = [{"tokens_per_cycle": 2.4, "measured_speedup": 1.9}]
+    fig = live.plot_breakeven_beside(engine, checks, model, rates, 3)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 3  # two curves and the break-even line
+    assert [c.get_offsets().shape[0] for c in ax.collections] == [1, 2]  # engine point, SGLang points
+    assert "SGLang" in ax.lines[1].get_label() and "break-even L=1.95" in ax.lines[1].get_label()

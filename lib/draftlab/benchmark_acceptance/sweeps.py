@@ -159,7 +159,7 @@ def records(rows: list):
 
 
 def metrics(*, device, dtype, max_new_tokens, sets, main, wrong, chain, fast, lookup_main, lookup_rows, tree, fits,
-            checks, example, live) -> dict:
+            checks, example, live, sglang=None) -> dict:
     """metrics.json's 06 section: every table, the lossless flag over all runs in `dtype`, the fits."""
     return {
         "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
@@ -177,4 +177,5 @@ def metrics(*, device, dtype, max_new_tokens, sets, main, wrong, chain, fast, lo
         "breakeven_check": checks,
         "worked_example": example,
         "live": live.to_dict(orient="records") if live is not None else None,
+        "sglang_breakeven": sglang,  # the break-even model fitted to SGLang's own cycle times (section 8)
     }
