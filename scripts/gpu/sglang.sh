@@ -187,6 +187,7 @@ case $PHASE in
       say "study: exit ${PIPESTATUS[0]}"
     fi
     oracle
+    python3 -m draftlab.cli bench sglang --summary-only --out "$SG/study"  # RUN/sglang/summary.json for run.summary
     pack_results
     [ -z "$(study_missing)" ] && oracle_done && { say "DONE"; exit 0; }
     say "NOT DONE YET: PHASE=after again"; exit 3 ;;
