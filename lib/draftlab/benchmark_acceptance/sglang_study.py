@@ -93,7 +93,7 @@ def study_entries(
 def bench_sglang(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.summary_only:
-        print(f"wrote {write_summary(out.parent)}")
+        print(f"wrote {write_summary(out.parents[1])}")
         return 0
     if not (args.model_path and args.draft):
         raise SystemExit("bench sglang: give --model-path and --draft (or --summary-only)")
@@ -149,7 +149,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
     )
     table = summarize(out)
     table.to_csv(out / "summary.csv", index=False)
-    print(f"wrote {write_summary(out.parent)}")
+    print(f"wrote {write_summary(out.parents[1])}")
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.to_string(index=False))
     done = set(table["label"])
