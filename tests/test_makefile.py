@@ -1,0 +1,32 @@
+"""The Makefile's set-up does what it says: `make setup TORCH=...` on an existing venv installs that torch."""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+def _dry_run(venv: Path, torch: str) -> str:
+    return subprocess.run(["make", "-n", "-C", str(ROOT), "setup", f"VENV={venv}", f"TORCH={torch}"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_a_new_torch_requirement_reinstalls_torch_and_draftlab(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    stamps = [venv / ".torch-torch==2.13.0", venv / ".draftlab-installed", venv / ".draftlab-tools"]
+    later = time.time() + 60  # newer than pyproject.toml
+    for stamp in stamps:
+        stamp.touch()
+        os.utime(stamp, (later, later))
+    same = _dry_run(venv, "torch==2.13.0")
+    assert "pip install" not in same  # nothing to do: the venv holds this torch
+    other = _dry_run(venv, "torch==2.11.0")
+    assert 'pip install -q --disable-pip-version-check "torch==2.11.0"' in other
+    assert '-e ".[dev]" "torch==2.11.0"' in other  # draftlab reinstalled against it
