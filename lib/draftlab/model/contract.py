@@ -128,7 +128,7 @@ def safetensors_layout(path) -> tuple[dict | None, list[str]]:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             return None, [f"header is not valid JSON ({exc})"]
     if not isinstance(header, dict):
-        return None, [f"header is not a JSON object"]
+        return None, ["header is not a JSON object"]
     data = size - 8 - n
     problems, spans, past = [], [], []
     for key, entry in header.items():
