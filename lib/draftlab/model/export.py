@@ -181,9 +181,9 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
         if n and isinstance(ids, list) and all(isinstance(x, int) for x in ids):
             bad = outside_target(ids, n, deepseek)
             if bad:
-                p.append(f"config.json: capture layer ids {ids}: {bad} select no decoder layer of the {n}-layer "
-                         "target (SGLang captures the input of layer id+1, which must be 1.."
-                         f"{n - 1}); the concatenation fc receives would be narrower than trained")
+                p.append(f"config.json: capture layer ids {ids}: {bad} fall outside the {n}-layer target (SGLang "
+                         f"captures the input of layer id+1, which must be 1..{n - 1}); the concatenation fc "
+                         "receives would be narrower than trained")
     if missing and any(k in missing for k in ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size",
                                                "num_attention_heads", "num_key_value_heads")):
         return p  # shapes cannot be derived
