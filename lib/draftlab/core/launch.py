@@ -55,6 +55,49 @@ class ServerSettings:
         return None  # sized from memory at start-up
 
 
+def positive_count(value) -> int:
+    """A step, top-k or draft-token count as SGLang needs it: an integer of at least 1.
+
+    SGLang does not refuse 0 or a negative count at parse time; it fails later (or drafts nothing),
+    so the doctor refuses them here, for launch commands and server_info alike.
+    """
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{value!r} is not a positive integer")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a positive integer") from None
+    if number < 1:
+        raise ValueError(f"{value!r} is not a positive integer")
+    return number
+
+
+def _count(text: str) -> int:
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    try:
+        return positive_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def algorithm(value, source: str) -> str | None:
+    """--speculative-algorithm upper-cased as SGLang does, or LaunchError for a name SGLang does not know.
+
+    A near miss such as EAGLE9 must not be read as EAGLE: the explanation of the EAGLE flag bug
+    would then be about a flag the server never got (SGLang refuses the unknown name at start-up).
+    """
+    if value is None or value == "":
+        return None
+    name = str(value).upper()
+    if name not in SPEC_ALGORITHMS:
+        raise LaunchError(f"{source}: --speculative-algorithm {value} is not one SGLang knows "
+                          f"({', '.join(SPEC_ALGORITHMS)})")
+    return name
+
+
 def _parser() -> argparse.ArgumentParser:
     """The SGLang server flags doctor reads; everything else is kept as unknown."""
     p = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False, allow_abbrev=True, exit_on_error=False)
@@ -64,9 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-draft-model-path", "--speculative-draft-model")
     p.add_argument("--speculative-draft-model-revision")  # listed so that prefixes stay unambiguous
     p.add_argument("--speculative-draft-load-format")
-    p.add_argument("--speculative-num-steps", type=int)
-    p.add_argument("--speculative-eagle-topk", type=int)
-    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--speculative-num-steps", type=_count)
+    p.add_argument("--speculative-eagle-topk", type=_count)
+    p.add_argument("--speculative-num-draft-tokens", type=_count)
     p.add_argument("--speculative-token-map")
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--max-total-tokens", type=int)
@@ -82,6 +125,15 @@ def _short(command: str, n: int = 80) -> str:
 
 def split_command(command: str) -> tuple[dict, list[str]]:
     """shlex-split a command; return leading VAR=value assignments and the server's own arguments."""
+    env, args, _ = _split(command)
+    return env, args
+
+
+def _split(command: str) -> tuple[dict, list[str], bool]:
+    """split_command, plus whether an SGLang launcher (launch_server, sglang serve) was found."""
+    if not command or not command.strip():
+        raise LaunchError("launch command is empty: give the SGLang command line (python -m sglang.launch_server "
+                          "--model-path M ...)")
     try:
         tokens = shlex.split(command.replace("\\\n", " "))
     except ValueError as exc:  # unbalanced quotes
@@ -98,22 +150,29 @@ def split_command(command: str) -> tuple[dict, list[str]]:
     # Skip the launcher (python -m sglang.launch_server, sglang serve, docker ... launch_server).
     for i, tok in enumerate(tokens):
         if tok.endswith("launch_server") or tok.endswith("launch_server.py"):
-            return env, tokens[i + 1 :]
+            return env, tokens[i + 1 :], True
         if tok == "serve" and i > 0 and tokens[i - 1].endswith("sglang"):
-            return env, tokens[i + 1 :]
+            return env, tokens[i + 1 :], True
     # Only flags were given (or an unknown launcher): read from the first flag on.
     first_flag = next((i for i, t in enumerate(tokens) if t.startswith("-")), len(tokens))
-    return env, tokens[first_flag:]
+    return env, tokens[first_flag:], False
 
 
 def parse_launch(command: str) -> ServerSettings:
-    """Parse one SGLang launch command string into `ServerSettings`."""
-    env, args = split_command(command)
+    """Parse one SGLang launch command string into `ServerSettings`.
+
+    Raises LaunchError (one line) for what cannot be a server command: an empty string, text with
+    neither an SGLang launcher nor one flag SGLang knows, an unknown algorithm, a count below 1.
+    """
+    env, args, launcher = _split(command)
     try:
         ns, unknown = _parser().parse_known_args(args)
     except (argparse.ArgumentError, SystemExit) as exc:
         raise LaunchError(f"launch command {_short(command)}: {exc}") from exc
-    algo = ns.speculative_algorithm.upper() if ns.speculative_algorithm else None
+    if not launcher and all(v is None for v in vars(ns).values()):
+        raise LaunchError(f"launch command {_short(command)}: not an SGLang launch command (no launch_server or "
+                          "`sglang serve`, and no SGLang server flag)")
+    algo = algorithm(ns.speculative_algorithm, f"launch command {_short(command)}")
     return ServerSettings(
         source=command,
         command=command,
@@ -144,15 +203,21 @@ def from_server_info(info: dict, source: str = "server_info") -> ServerSettings:
         except (TypeError, ValueError) as exc:
             raise LaunchError(f"{source}: field {key!r} is not an integer ({value!r})") from exc
 
-    algo = info.get("speculative_algorithm")
+    def as_count(key):
+        value = as_int(key)
+        try:
+            return None if value is None else positive_count(value)
+        except ValueError as exc:
+            raise LaunchError(f"{source}: field {key!r}: {exc}") from exc
+
     return ServerSettings(
         source=source,
         model_path=info.get("model_path"),
-        speculative_algorithm=str(algo).upper() if algo else None,
+        speculative_algorithm=algorithm(info.get("speculative_algorithm"), source),
         draft_model_path=info.get("speculative_draft_model_path"),
-        num_steps=as_int("speculative_num_steps"),
-        eagle_topk=as_int("speculative_eagle_topk"),
-        num_draft_tokens=as_int("speculative_num_draft_tokens"),
+        num_steps=as_count("speculative_num_steps"),
+        eagle_topk=as_count("speculative_eagle_topk"),
+        num_draft_tokens=as_count("speculative_num_draft_tokens"),
         max_running_requests=as_int("max_running_requests"),
         context_length=as_int("context_length") or as_int("context_len"),
     )

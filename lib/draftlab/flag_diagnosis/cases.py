@@ -17,7 +17,7 @@ import torch
 
 from draftlab.core.launch import set_flag
 from draftlab.core.serve import sglang_speculative_command, sglang_target_command
-from draftlab.flag_diagnosis.doctor import diagnose
+from draftlab.flag_diagnosis.doctor import diagnose, wide_table
 from draftlab.flag_diagnosis.inputs import load_target_info
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.export import export_draft
@@ -235,7 +235,7 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
 
 
 def run_library(cases) -> pd.DataFrame:
-    """doctor on every case: did the expected finding fire, and what fix did it give."""
+    """doctor on every case: did the expected finding fire, and what fix did it give (a wide_table)."""
 
     rows = []
     for c in cases:
@@ -248,4 +248,4 @@ def run_library(cases) -> pd.DataFrame:
             "all findings": ", ".join(f"{f.check}/{f.severity}" for f in bad) or "none",
             "fix": (hit.fix if hit else ""),
         })
-    return pd.DataFrame(rows)
+    return wide_table(rows)  # the fix column holds whole corrected commands: shown whole, wrapped

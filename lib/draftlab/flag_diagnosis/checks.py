@@ -21,6 +21,7 @@ from draftlab.model.capture import (
     CaptureError,
     captured_states,
     config_ids,
+    outside_target,
     trained_layers,
 )
 from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
@@ -135,7 +136,7 @@ def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
         ]
     out = [Finding("capture_layers_present", "ok", f"eagle_aux_hidden_state_layer_ids {ids}", where=where)]
     captured = captured_states(ids, t.is_deepseek)
-    bad = [i for i, c in zip(ids, captured) if not 1 <= c <= n - 1]
+    bad = outside_target(ids, n, t.is_deepseek)
     if len(ids) != 3 or bad:
         out.append(
             Finding(
@@ -241,8 +242,8 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
     where = str(d.weight_files[0])
     try:
         expected = expected_tensors(d.config, t.hidden_size, d.uses_aux)
-    except (KeyError, TypeError, ValueError) as exc:
-        return [Finding("architectures", "error", f"config.json lacks a field SGLang needs ({exc})",
+    except KeyError as exc:  # types were checked when the folder was read; only absence is left
+        return [Finding("config_fields", "error", f"config.json lacks field {exc} that SGLang needs",
                         "SGLang builds the draft's layers from these fields", "write the full Llama config fields "
                                                                               "listed in the contract",
                         str(d.config_path))]

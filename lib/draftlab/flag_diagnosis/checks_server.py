@@ -70,6 +70,17 @@ def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
 def check_algorithm(d: DraftFiles | None, servers: list) -> list:
     out = []
     for s in servers:
+        if not s.is_speculative and s.draft_model_path:
+            # SGLang ignores the draft path without an algorithm: the server runs, plainly, and a
+            # benchmark against it measures no speculation at all.
+            eagle1 = d is not None and not d.uses_aux
+            want = "EAGLE" if eagle1 else "EAGLE3"
+            out.append(Finding(
+                "algorithm", "error", f"--speculative-draft-model-path {s.draft_model_path} without "
+                                      "--speculative-algorithm",
+                "without an algorithm SGLang does not load the draft and decodes without speculation, with no error",
+                set_flag(s.command, "--speculative-algorithm", want) if s.command
+                else f"restart the server with --speculative-algorithm {want}", s.source))
         if not s.is_speculative:
             continue
         algo = s.speculative_algorithm

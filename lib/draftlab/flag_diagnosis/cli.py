@@ -24,8 +24,9 @@ def add_doctor_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab doctor`: static checks of draft x target x flags, and/or a live probe."""
     ap = subparsers.add_parser(
         "doctor", help="check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
-        description="Static checks read config.json and safetensors headers only. Exit 1 on any error finding, "
-                    "2 on unreadable input.")
+        description="Static checks read config.json and safetensors headers only. Exit 0 when nothing is an "
+                    "error, 1 on any error finding, 2 on unreadable input: a file or field that cannot be read, a "
+                    "launch command that cannot be a server's, a --probe URL that is malformed or unreachable.")
     ap.add_argument("--draft", help="exported draft folder (config.json + model.safetensors)")
     ap.add_argument("--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json "
                                      "only)")
@@ -43,7 +44,8 @@ def add_doctor_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def doctor_main(args: argparse.Namespace) -> int:
-    """Exit 0 when nothing is an error, 1 when something is, 2 when an input cannot be read."""
+    """Exit 0 when nothing is an error, 1 when something is, 2 when an input cannot be read (a file,
+    a field of the wrong type, a launch command, an unreachable or malformed --probe URL): one line on stderr."""
     if not (args.draft or args.launch or args.server_info or args.probe):
         print("draftlab doctor: give --draft/--target, --launch, --server-info or --probe", file=sys.stderr)
         return 2

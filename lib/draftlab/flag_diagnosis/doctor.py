@@ -10,6 +10,8 @@ server (doctor_probe). `mode_widths` is the dimension story: what each mode send
 
 from __future__ import annotations
 
+import functools
+
 from draftlab.core.launch import from_server_info, parse_launch
 from draftlab.flag_diagnosis.checks_server import run_checks
 from draftlab.flag_diagnosis.inputs import (
@@ -22,7 +24,7 @@ from draftlab.flag_diagnosis.inputs import (
 from draftlab.model.capture import default_capture
 from draftlab.model.target import text_config
 
-__all__ = ["diagnose", "mode_widths", "format_findings", "format_probe", "Finding"]
+__all__ = ["diagnose", "mode_widths", "format_findings", "format_probe", "findings_table", "wide_table", "Finding"]
 
 
 def diagnose(draft: str | None = None, target: str | None = None, launches=(), server_infos=(), servers=()) -> dict:
@@ -86,11 +88,43 @@ def mode_widths(target_config: dict, capture_layers=None) -> list:
 
 
 def findings_table(findings, hide_ok: bool = False):
-    """Findings as a pandas DataFrame (for notebooks)."""
+    """Findings as a pandas DataFrame (for notebooks) that shows every cell whole (wide_table)."""
+    rows = [f.to_dict() for f in findings if not (hide_ok and f.severity == "ok")]
+    return wide_table(rows, columns=["check", "severity", "what", "why", "fix", "where"])
+
+
+@functools.cache
+def _wide_frame():
+    """The DataFrame subclass behind wide_table, built on first use so `draftlab doctor` starts without pandas."""
     import pandas as pd
 
-    rows = [f.to_dict() for f in findings if not (hide_ok and f.severity == "ok")]
-    return pd.DataFrame(rows, columns=["check", "severity", "what", "why", "fix", "where"])
+    class WideFrame(pd.DataFrame):
+        """A DataFrame displayed without cutting cells: wrapped in HTML, whole in plain text."""
+
+        @property
+        def _constructor(self):
+            return WideFrame
+
+        def __repr__(self) -> str:
+            with pd.option_context("display.max_colwidth", None, "display.max_columns", None, "display.width", None):
+                return super().__repr__()
+
+        def _repr_html_(self) -> str:
+            styled = self.style.set_properties(**{"white-space": "pre-wrap", "word-break": "break-word",
+                                                  "text-align": "left", "vertical-align": "top"})
+            return styled.to_html()
+
+    return WideFrame
+
+
+def wide_table(rows, columns=None):
+    """A table for notebooks whose long cells (a corrected launch line in `fix`, a `why`) are shown whole.
+
+    pandas cuts every cell at display.max_colwidth (50 characters) with "...", which drops exactly
+    the part of a fix a user has to copy. This frame wraps such cells in the notebook's HTML and
+    prints them whole as text; it is an ordinary DataFrame otherwise.
+    """
+    return _wide_frame()(rows, columns=columns)
 
 
 _LABEL = {"error": "ERROR  ", "warning": "WARNING", "info": "info   ", "ok": "ok     "}

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftlab.model.capture import default_capture, is_deepseek
-from draftlab.model.contract import EAGLE3_ARCH
+from draftlab.model.contract import EAGLE3_ARCH, field_type_problems, safetensors_layout
 from draftlab.model.target import TargetError, resolve_path, text_config
 
 SEVERITIES = ("error", "warning", "info", "ok")
@@ -63,6 +63,21 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def typed_config(path: Path, section=None) -> dict:
+    """read_json, then every typed field read strictly (model.contract.field_type_problems), once.
+
+    The checks compare these values with the target's and do arithmetic on them; a string that
+    looks like a number ("49152") would print "49152 differs from 49152", and "8k" would raise deep
+    in a check. Such a file is unreadable input (exit 2), said in one line naming file and field.
+    section: a function picking the part to check (a multimodal target's text_config).
+    """
+    config = read_json(path)
+    problems = field_type_problems(section(config) if section else config)
+    if problems:
+        raise DoctorInputError(path, "; ".join(problems))
+    return config
+
+
 @dataclass
 class DraftFiles:
     """A draft folder as doctor sees it: its config and the name -> (shape, dtype) of each tensor."""
@@ -99,7 +114,7 @@ def read_draft(folder) -> DraftFiles:
     folder = Path(folder)
     if not folder.is_dir():
         raise DoctorInputError(folder, "draft folder not found")
-    config = read_json(folder / "config.json")
+    config = typed_config(folder / "config.json")
     files = (
         [folder / "model.safetensors"]
         if (folder / "model.safetensors").is_file()
@@ -113,6 +128,9 @@ def read_draft(folder) -> DraftFiles:
     if files[0].name != "model.safetensors":
         notes.append(f"weights are in {', '.join(p.name for p in files)}, the contract asks for one model.safetensors")
     for path in files:
+        _, layout = safetensors_layout(path)
+        if layout:  # SGLang's loader stops at the same point; safe_open would map past the end
+            raise DoctorInputError(path, f"not a readable safetensors file ({'; '.join(layout[:2])})")
         try:
             with safe_open(str(path), framework="pt") as fh:
                 for name in fh.keys():
@@ -180,15 +198,15 @@ def load_target_info(spec: str) -> TargetInfo:
     """A target's config.json without its weights: a folder, a config file, embedded/tiny, or a Hub id."""
     path = Path(str(spec)).expanduser()
     if path.is_file() and path.suffix == ".json":
-        return TargetInfo(str(spec), path, read_json(path))
+        return TargetInfo(str(spec), path, typed_config(path, text_config))
     if path.is_dir():
-        return TargetInfo(str(spec), path / "config.json", read_json(path / "config.json"))
+        return TargetInfo(str(spec), path / "config.json", typed_config(path / "config.json", text_config))
     if path.suffix == ".gguf" or str(spec) in ("embedded", "tiny"):
         try:
             folder = resolve_path(str(spec))
         except TargetError as exc:
             raise DoctorInputError(spec, str(exc)) from exc
-        return TargetInfo(str(spec), folder / "config.json", read_json(folder / "config.json"))
+        return TargetInfo(str(spec), folder / "config.json", typed_config(folder / "config.json", text_config))
     if path.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
         raise DoctorInputError(spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub "
                                      "id)")
@@ -200,7 +218,7 @@ def load_target_info(spec: str) -> TargetInfo:
         msg = str(exc).splitlines()[0] if str(exc) else ""
         raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub "
                                      f"({type(exc).__name__}: {msg})") from exc
-    return TargetInfo(str(spec), Path(local), read_json(Path(local)))
+    return TargetInfo(str(spec), Path(local), typed_config(Path(local), text_config))
 
 
 def _fmt(shape) -> str:

@@ -9,6 +9,7 @@ that returns no speculative fields gets "absent", never a made-up 1.0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -83,9 +84,30 @@ def _meta_from_chat(body: dict) -> dict:
     return meta
 
 
+# Transport errors that mean nothing answers at the address: the probe has nothing to measure.
+UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL)
+
+
+def check_url(url: str) -> str:
+    """The base URL without a trailing slash, or DoctorInputError when it cannot name an HTTP server.
+
+    Checked before any request, so a typo is not reported as "not an SGLang server" with exit 0.
+    """
+    try:
+        parts = urlsplit(str(url).strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise DoctorInputError(f"--probe {url}", f"not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DoctorInputError(f"--probe {url}", "not an http(s) URL with a host (e.g. http://127.0.0.1:30000)")
+    return str(url).strip().rstrip("/")
+
+
 def _get_json(client: httpx.Client, url: str):
     try:
         r = client.get(url)
+    except UNREACHABLE:
+        raise  # probe() turns it into one line: the server cannot be reached at all
     except httpx.HTTPError as exc:
         return None, f"GET {url}: {type(exc).__name__}: {exc}"
     if r.status_code != 200:
@@ -147,13 +169,21 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
           timeout: float = 120.0) -> ProbeReport:
     """Read the server's settings, measure acceptance length with greedy requests, rank causes if ~1.0.
 
+    Raises DoctorInputError (one line, exit 2 in the CLI) for a malformed URL or a server that
+    does not accept the connection: "unreachable" is not a finding about a server.
+
     draft / target: optional `doctor_checks.DraftFiles` / `TargetInfo` of the draft the server is
     meant to load and its target; their static findings feed the cause ranking.
     """
-    base = url.rstrip("/")
+    base = check_url(url)
     report = ProbeReport(url=base)
     with httpx.Client(timeout=timeout) as client:
-        info, endpoint, notes = read_server_info(client, base)
+        try:
+            info, endpoint, notes = read_server_info(client, base)
+        except UNREACHABLE as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            raise DoctorInputError(f"--probe {base}", f"server unreachable ({type(exc).__name__}: {reason}); start "
+                                                      "it, or check host and port") from None
         report.server_info, report.server_info_endpoint = info, endpoint
         if info is None:
             report.errors += notes

@@ -37,6 +37,18 @@ def captured_states(ids, deepseek: bool = False) -> list[int]:
     return [i + 1 for i in ids]
 
 
+def outside_target(ids, num_layers: int, deepseek: bool = False) -> list[int]:
+    """The config ids whose captured state is not the input of a decoder layer of an N-layer target.
+
+    SGLang captures the input of decoder layer c for each id (c = captured_states); c must name a
+    real layer, 1..N-1 (0 is the embedding output, which no id selects). A layer that does not exist
+    is never captured, so the concatenation fc receives is narrower than trained: the exporter's
+    validator and the doctor both ask this function.
+    """
+    ids = [int(i) for i in ids]
+    return [i for i, c in zip(ids, captured_states(ids, deepseek)) if not 1 <= c <= num_layers - 1]
+
+
 def config_ids(capture_layers, deepseek: bool = False) -> list[int]:
     """The config ids that make SGLang capture `capture_layers` (the inverse of captured_states).
 

@@ -44,3 +44,132 @@ def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: b
     if uses_aux:
         shapes["fc.weight"] = (h, 3 * int(target_hidden or h))
     return shapes
+
+
+# ---- config field types ----------------------------------------------------------------------
+# SGLang builds the draft from config.json through transformers, which takes each JSON value as it
+# is: "8k" fails int() deep inside start-up, and the string "false" is true in Python, so a draft
+# with tie_word_embeddings "false" is served tied. The exporter's validator and the doctor both
+# refuse a wrongly typed field here, before any check compares it with something.
+INT_FIELDS = ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "num_hidden_layers", "max_position_embeddings")
+FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
+BOOL_FIELDS = ("tie_word_embeddings",)
+
+
+def _kind(value) -> str:
+    return "a JSON string" if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+
+
+def field_type_problems(config: dict) -> list[str]:
+    """"field 'x' is ..., not ..." for every present field of the wrong JSON type ([] = all readable).
+
+    Integers must be JSON integers above 0 (true/false are not integers, 64.0 is not 64); floats any
+    JSON number; booleans true or false. A null value counts as absent (the missing-key checks
+    report those). Also reads rope_parameters.rope_theta and eagle_config.use_aux_hidden_state.
+    """
+    out = []
+    for key in INT_FIELDS:
+        v = config.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            out.append(f"field {key!r} is {_kind(v)} {v!r}, not a positive integer" if isinstance(v, str)
+                       else f"field {key!r} is {_kind(v)}, not a positive integer")
+    rope = config.get("rope_parameters")
+    floats = [(k, config.get(k)) for k in FLOAT_FIELDS]
+    if isinstance(rope, dict):
+        floats.append(("rope_parameters.rope_theta", rope.get("rope_theta")))
+    for key, v in floats:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            out.append(f"field {key!r} is {_kind(v)} {v!r}, not a number" if isinstance(v, str)
+                       else f"field {key!r} is {_kind(v)}, not a number")
+    eagle = config.get("eagle_config")
+    bools = [(k, config.get(k)) for k in BOOL_FIELDS]
+    if isinstance(eagle, dict):
+        bools.append(("eagle_config.use_aux_hidden_state", eagle.get("use_aux_hidden_state")))
+    for key, v in bools:
+        if v is not None and not isinstance(v, bool):
+            out.append(f"field {key!r} is {_kind(v)} {v!r}, not true/false (Python reads any non-empty string as "
+                       "true)" if isinstance(v, str) else f"field {key!r} is {_kind(v)}, not true/false")
+    return out
+
+
+# ---- safetensors layout ----------------------------------------------------------------------
+# Bytes per element of each safetensors dtype SGLang can load.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+HEADER_LIMIT = 100_000_000  # the safetensors reader's own cap on the header length
+
+
+def safetensors_layout(path) -> tuple[dict | None, list[str]]:
+    """(header or None, problems) of a safetensors file, checked as SGLang's loader reads it; each
+    problem is one line, without the file's name (the caller prefixes it).
+
+    The header alone says nothing about the bytes behind it: a file cut in half keeps a perfect
+    header. So this checks what the loader relies on: 8-byte length, a header that fits in the
+    file, every tensor's data_offsets inside the data and equal to dtype x shape, the tensors
+    tiling the data without gap or overlap, and file size = 8 + header + data. Reads the first
+    8 + header bytes only.
+    """
+    import json
+    import math
+    import os
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            return None, [f"{size} bytes, shorter than the 8-byte header length: not a safetensors file"]
+        n = int.from_bytes(raw, "little")
+        if n > HEADER_LIMIT or 8 + n > size:
+            return None, [f"header length {n} runs past the end of the {size}-byte file (truncated, or not "
+                          "a safetensors file)"]
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return None, [f"header is not valid JSON ({exc})"]
+    if not isinstance(header, dict):
+        return None, ["header is not a JSON object"]
+    data = size - 8 - n
+    problems, spans, past = [], [], []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            problems.append(f"tensor {key}: header entry is not an object")
+            continue
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
+                and offsets[0] <= offsets[1]):
+            problems.append(f"tensor {key}: data_offsets {offsets!r} are not [begin, end] byte offsets")
+            continue
+        if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
+            problems.append(f"tensor {key}: shape {shape!r} is not a list of sizes")
+            continue
+        if dtype not in DTYPE_BYTES:
+            problems.append(f"tensor {key}: unknown dtype {dtype!r}")
+            continue
+        begin, end = offsets
+        want = math.prod(shape) * DTYPE_BYTES[dtype]
+        if end - begin != want:
+            problems.append(f"tensor {key}: data_offsets {offsets} hold {end - begin} bytes, {dtype} x "
+                            f"{shape} needs {want}")
+        if end > data:
+            past.append(key)
+        spans.append((begin, end, key))
+    if past:
+        problems.append(f"data_offsets of {len(past)} tensor(s) ({', '.join(past[:4])}"
+                        f"{', ...' if len(past) > 4 else ''}) lie past the end of the data: the file has {data} "
+                        "bytes after the header (truncated, or offsets written wrong)")
+    cursor = 0
+    for begin, end, key in sorted(spans):
+        if begin != cursor:
+            problems.append(f"tensor {key} starts at byte {begin} of the data, the previous one ends at "
+                            f"{cursor} ({'gap' if begin > cursor else 'overlap'})")
+            break
+        cursor = end
+    if not problems and cursor != data:
+        problems.append(f"file size {size} bytes != 8 + header {n} + tensor data {cursor} "
+                        f"= {8 + n + cursor} (truncated or padded)")
+    elif past:
+        problems.append(f"file size {size} bytes, the header describes {8 + n + max(e for _, e, _ in spans)}")
+    return header, problems

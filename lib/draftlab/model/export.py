@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from draftlab.core.files import atomic_path, atomic_write
-from draftlab.model.capture import captured_states, config_ids, recorded_deepseek
-from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
+from draftlab.model.capture import config_ids, outside_target, recorded_deepseek
+from draftlab.model.contract import EAGLE3_ARCH, expected_tensors, field_type_problems, safetensors_layout
 from draftlab.model.target import target_dims
 
 CONFIG_REQUIRED = (
@@ -118,6 +118,9 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
     """Every deviation of (config dict, {name: (shape, safetensors dtype)}) from the contract.
 
     allow_eagle1: accept use_aux_hidden_state = false (the EAGLE-1-style ablation draft, no fc)."""
+    typed = field_type_problems(config)
+    if typed:  # nothing below can compare or derive shapes from a field it cannot read
+        return [f"config.json: {t}" for t in typed]
     p = []
     missing = [k for k in CONFIG_REQUIRED if k not in config]
     if missing:
@@ -160,6 +163,11 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
         p.append(f"config.json: num_attention_heads {heads} not a multiple of num_key_value_heads {kvh}")
     if target is not None:
         t = target_dims(target)
+        typed = field_type_problems({"hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"],
+                                     "num_hidden_layers": t["num_layers"],
+                                     "max_position_embeddings": t["max_position_embeddings"]})
+        if typed:
+            return p + [f"target config: {x}" for x in typed]
         for key, tkey in (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size")):
             if t.get(tkey) is not None and config.get(key) != t[tkey]:
                 p.append(f"config.json: {key} = {config.get(key)}, target has {t[tkey]}")
@@ -170,10 +178,12 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
                      "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
         n = t.get("num_layers")
         deepseek = recorded_deepseek(config)
-        if n and isinstance(ids, list) and (not all(isinstance(x, int) for x in ids)
-                                            or any(not 0 <= c < n for c in captured_states(ids, deepseek))):
-            p.append(f"config.json: capture layer ids {ids} (SGLang captures the input of layer id+1) "
-                     f"outside 0..{n - 2} for a {n}-layer target")
+        if n and isinstance(ids, list) and all(isinstance(x, int) for x in ids):
+            bad = outside_target(ids, n, deepseek)
+            if bad:
+                p.append(f"config.json: capture layer ids {ids}: {bad} fall outside the {n}-layer target (SGLang "
+                         f"captures the input of layer id+1, which must be 1..{n - 1}); the concatenation fc "
+                         "receives would be narrower than trained")
     if missing and any(k in missing for k in ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size",
                                                "num_attention_heads", "num_key_value_heads")):
         return p  # shapes cannot be derived
@@ -206,7 +216,9 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
 def validate(folder, target=None, allow_eagle1: bool = False) -> list[str]:
     """Every deviation of an exported folder from the EAGLE-3 contract ([] = conforms).
 
-    Reads only config.json and the safetensors header. `target` (optional): a draftlab Target, a
+    Reads only config.json and the safetensors header, and checks that header against the file's
+    size the way SGLang's loader does (model.contract.safetensors_layout): a header alone passes a
+    file cut in half. `target` (optional): a draftlab Target, a
     transformers config or a dict {hidden_size, vocab_size, num_layers, max_position_embeddings}
     for the cross-checks (dims, capture ids in range, context length). allow_eagle1: accept the
     EAGLE-1-style ablation draft (use_aux_hidden_state false, no fc), which SGLang cannot serve.
@@ -227,11 +239,14 @@ def validate(folder, target=None, allow_eagle1: bool = False) -> list[str]:
         return p
     try:
         config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return p + [f"{cfg_path}: invalid JSON ({e})"]
-    try:
-        header = read_safetensors_header(w_path)
-    except (ValueError, json.JSONDecodeError) as e:
-        return p + [f"{w_path}: unreadable header ({e})"]
-    tensors = {n: (v["shape"], v["dtype"]) for n, v in header.items() if n != "__metadata__"}
+    if not isinstance(config, dict):
+        return p + [f"{cfg_path}: not a JSON object"]
+    header, layout = safetensors_layout(w_path)
+    p += [f"model.safetensors: {x}" for x in layout]
+    if header is None:
+        return p
+    tensors = {n: (v.get("shape"), v.get("dtype")) for n, v in header.items()
+               if n != "__metadata__" and isinstance(v, dict)}
     return p + check(config, tensors, target, allow_eagle1)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
 
 from draftlab.model.export import export_draft, validate
+from draftlab.model.target import TargetError, read_config
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig
 from draftlab.train_draft.loop import train
@@ -54,11 +58,16 @@ def _train_main(args) -> int:
 # ---- CLI -------------------------------------------------------------------------------------
 def add_export_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab export`: a training checkpoint -> SGLang folder, then validate it."""
-    ap = subparsers.add_parser("export", help="export a trained draft in SGLang's EAGLE-3 format and validate it")
+    ap = subparsers.add_parser(
+        "export", help="export a trained draft in SGLang's EAGLE-3 format and validate it",
+        description="Exit 0 when the folder conforms to the EAGLE-3 contract, 1 on any deviation, 2 when an input "
+                    "(checkpoint, target) cannot be read.")
     ap.add_argument("checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir "
                                        "(latest)")
     ap.add_argument("out", help="output folder (config.json + model.safetensors)")
-    ap.add_argument("--target", default=None, help="target spec (default: the one the checkpoint was trained with)")
+    ap.add_argument("--target", default=None, help="target spec (default: the one the checkpoint was trained with); "
+                                                   "with --validate-only its config.json (no weights) for the "
+                                                   "cross-checks: widths, capture ids in range, context length")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--validate-only", action="store_true", help="only validate OUT (CHECKPOINT is ignored)")
     ap.add_argument("--allow-eagle1", action="store_true", help="with --validate-only: accept an EAGLE-1-style draft")
@@ -66,13 +75,38 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     return ap
 
 
+def _target_config(spec: str) -> dict:
+    """A target's config.json (a config file, or any spec model.target resolves), no weights loaded."""
+    path = Path(spec).expanduser()
+    config_file = path if path.is_file() and path.suffix == ".json" else None
+    try:
+        return json.loads(config_file.read_text()) if config_file else read_config(spec)
+    except json.JSONDecodeError as exc:
+        raise TargetError(f"{config_file or spec}: config.json is not valid JSON ({exc})") from exc
+
+
 def _export_main(args) -> int:
-    if args.validate_only:
-        problems = validate(args.out, allow_eagle1=args.allow_eagle1)
-    else:
-        draft, target = load_checkpoint_draft(args.checkpoint, target_spec=args.target)
-        export_draft(draft, args.out, max_position_embeddings=target.max_position_embeddings, dtype=args.dtype)
-        problems = validate(args.out, target, allow_eagle1=not draft.use_aux)
+    """Exit codes as the parser's description says; an unreadable input is one line on stderr.
+
+    The errors caught are the ones that name their input (a missing checkpoint, a target that
+    cannot be resolved, a state.json or config.json that is not JSON); anything else is a bug and
+    keeps its traceback.
+    """
+    try:
+        if args.validate_only:
+            target = _target_config(args.target) if args.target else None
+            problems = validate(args.out, target, allow_eagle1=args.allow_eagle1)
+        else:
+            draft, target = load_checkpoint_draft(args.checkpoint, target_spec=args.target)
+            export_draft(draft, args.out, max_position_embeddings=target.max_position_embeddings, dtype=args.dtype)
+            problems = validate(args.out, target, allow_eagle1=not draft.use_aux)
+    except (FileNotFoundError, NotADirectoryError, TargetError) as exc:
+        print(f"draftlab export: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as exc:  # _target_config names its file; state.json is the one left
+        print(f"draftlab export: error: {args.checkpoint}: the checkpoint's state.json is not valid JSON ({exc})",
+              file=sys.stderr)
+        return 2
     for line in problems:
         print("DEVIATION:", line)
     print(f"{args.out}: {'conforms to the EAGLE-3 contract' if not problems else f'{len(problems)} deviation(s)'}")
