@@ -66,7 +66,9 @@ OWNER = {"regenerate": "f19a", "monitor": "f19a", "bench_client": "f19a", "bench
          "export": "f19b", "export_validate": "f19b", "doctor_draft": "f19b", "doctor_server_info": "f19b",
          "doctor_probe": "f19b"}
 # Cases of other branches that still fail on this one (the merge removes the marks that no longer apply).
-STILL_FAILING: set[str] = set()
+STILL_FAILING = {"regenerate-missing", "regenerate-directory", "monitor-missing", "monitor-random", "export-missing",
+                 "export-random", "doctor_probe-dead_server", "bench_client-dead_server", "bench_generate-missing",
+                 "bench_generate-directory"}
 
 
 def _cases():

@@ -208,7 +208,10 @@ def resolve_path(spec: str) -> Path:
             raise TargetError(f"{path}: GGUF file not found")
         out = cache_dir() / f"gguf-{path.stem}-{sha256_of(path)[:12]}"
         if not (out / "config.json").is_file():
-            convert_gguf(path, out)
+            try:
+                convert_gguf(path, out)
+            except ValueError as exc:  # transformers' GGUF reader: not GGUF, or a layout it cannot map
+                raise TargetError(f"{path}: cannot be read as a GGUF model ({str(exc).splitlines()[0][:300]})") from exc
         return out
     if path.is_dir():
         if not (path / "config.json").is_file():
