@@ -211,7 +211,7 @@ def test_blend_fixtures_end_to_end(tmp_path):
     test_sources = {r["source"] for r in read_jsonl(tmp_path / "test.jsonl")}
     assert "he" in test_sources
     rejects = list(read_jsonl(tmp_path / "rejects.jsonl"))
-    assert len(rejects) == 8 and all(set(r) == {"source", "row", "reason"} and r["source"] == "bad" for r in rejects)
+    assert len(rejects) == 8 and all(set(r) == {"source", "line", "reason"} and r["source"] == "bad" for r in rejects)
     assert report["rejected"] == 8
     kept = sum(report["splits"].values())
     loaded = sum(s["loaded"] for s in report["sources"])

@@ -111,31 +111,31 @@ def test_named_adapter_must_fit():
 
 def test_bad_rows_become_rejects_and_the_rest_goes_on():
     _, out = _normalize_file("bad_rows.jsonl")
-    assert len(out.conversations) == 1 and out.conversations[0]["meta"]["row"] == 0
-    reasons = {r["row"]: r["reason"] for r in out.rejects}
+    assert len(out.conversations) == 1 and out.conversations[0]["meta"]["line"] == 1
+    reasons = {r["line"]: r["reason"] for r in out.rejects}
     assert all(r["source"] == "bad_rows.jsonl" for r in out.rejects)
-    assert reasons[1] == "missing field 'output'"
-    assert reasons[2] == "field 'instruction' is int, not str"
-    assert reasons[3].startswith("empty content in messages[0]")
-    assert reasons[4] == "missing field 'output'"
-    assert reasons[5].startswith("invalid UTF-8 in messages[0].content")
-    assert reasons[6].startswith("not valid JSON on line 7")
-    assert reasons[7].startswith("invalid UTF-8 at byte")
-    assert reasons[8] == "row is list, not an object"
+    assert reasons[2] == "missing field 'output'"
+    assert reasons[3] == "field 'instruction' is int, not str"
+    assert reasons[4].startswith("empty content in messages[0]")
+    assert reasons[5] == "missing field 'output'"
+    assert reasons[6].startswith("invalid UTF-8 in messages[0].content")
+    assert reasons[7].startswith("not valid JSON on line 7")
+    assert reasons[8].startswith("invalid UTF-8 at byte")
+    assert reasons[9] == "row is list, not an object"
 
 
 def test_bad_chat_rows_and_role_map():
     _, out = _normalize_file("bad_chat.jsonl")
-    reasons = {r["row"]: r["reason"] for r in out.rejects}
-    assert [c["meta"]["row"] for c in out.conversations] == [0]
-    assert reasons[1] == "unknown role 'tool' in messages[1]"
-    assert reasons[2].startswith("empty content in messages[0]")
-    assert reasons[3] == "messages[0].content is list, not str"
-    assert reasons[4] == "field 'messages' is str, not a list of turns"
-    assert reasons[5] == "no user message"
-    assert reasons[6] == "messages[0] has no 'role'"
+    reasons = {r["line"]: r["reason"] for r in out.rejects}
+    assert [c["meta"]["line"] for c in out.conversations] == [1]
+    assert reasons[2] == "unknown role 'tool' in messages[1]"
+    assert reasons[3].startswith("empty content in messages[0]")
+    assert reasons[4] == "messages[0].content is list, not str"
+    assert reasons[5] == "field 'messages' is str, not a list of turns"
+    assert reasons[6] == "no user message"
+    assert reasons[7] == "messages[0] has no 'role'"
     _, mapped = _normalize_file("bad_chat.jsonl", role_map={"tool": "user"})
-    assert 1 in [c["meta"]["row"] for c in mapped.conversations]
+    assert 2 in [c["meta"]["line"] for c in mapped.conversations]
 
 
 def test_absurd_length_is_rejected():

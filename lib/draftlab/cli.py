@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 import sys
 
+from draftlab.core.records import RecordError
+
 # name -> (module, function that adds the subparser), in help order.
 COMMANDS = {
     "run": ("draftlab.run.runner", "add_run_parser"),
@@ -57,8 +59,28 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Bad input is one line on stderr and exit 2, not a traceback (issue 19.5).
+
+    The one mechanism for every command: code that finds an input it cannot use raises RecordError
+    (core.records) naming the file, line and field, and an OSError that names a file (missing, a
+    directory where a file is wanted, not readable) is the same kind of mistake. Anything else is a
+    bug and keeps its traceback.
+    """
     args = build_parser(argv).parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except RecordError as exc:
+        return _input_error(args, str(exc))
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        return _input_error(args, f"{exc.filename}: {exc.strerror or exc}")
+
+
+def _input_error(args: argparse.Namespace, message: str) -> int:
+    name = " ".join(filter(None, (args.command, getattr(args, "bench", None) if args.command == "bench" else None)))
+    print(f"draftlab {name}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
-from draftlab.benchmark_acceptance import live as bench
 from draftlab.benchmark_acceptance.live import (
     compare_live,
     load_eval_set,
@@ -19,7 +20,7 @@ from draftlab.benchmark_acceptance.live import (
     sweep_plan,
 )
 from draftlab.benchmark_acceptance.sglang_study import add_bench_sglang_parser  # noqa: F401 (the command table)
-from draftlab.core.records import write_jsonl
+from draftlab.core.records import RecordError, write_jsonl
 from draftlab.engine import (
     MODES,
     SpecConfig,
@@ -37,6 +38,54 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _eval_prompts(name: str, run_dir, limit) -> list[dict]:
+    """The evaluation set's prompts, or a RecordError naming the file (`draftlab` prints one line, exit 2).
+
+    Called before any model or server is touched, so a mistyped path costs no model load.
+    """
+    path = Path(name)
+    if name not in ("humaneval", "blend") and not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise RecordError(f"--eval-set {name}: {what}; use humaneval, blend, or a canonical .jsonl file")
+    try:
+        return load_eval_set(name, run_dir, limit)
+    except (FileNotFoundError, ValueError) as exc:
+        raise RecordError(f"--eval-set {name}: {exc}") from exc
+
+
+def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """RecordError unless something accepts TCP connections at the URL's host and port.
+
+    A refused or unroutable server otherwise shows up only after every request of a window has
+    failed, as an exception from deep in the measurement; this says which URL, at once."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise RecordError(f"{url}: not a server URL (bad port)") from None
+    if not parts.hostname:
+        raise RecordError(f"{url}: not a server URL (no host)")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RecordError(f"{url}: no server reachable at {parts.hostname}:{port} ({exc.strerror or exc})") from None
+
+
+def _check_draft(folder: str) -> None:
+    """An exported draft folder (config.json that parses, model.safetensors), checked before the target loads."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise RecordError(f"--draft {folder}: {'is a file' if path.exists() else 'does not exist'}; expected an "
+                          "exported draft folder (config.json + model.safetensors, from draftlab export)")
+    for name in ("config.json", "model.safetensors"):
+        if not (path / name).is_file():
+            raise RecordError(f"--draft {folder}: no {name}; is it an exported draft (draftlab export)?")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"--draft {folder}: config.json is not JSON ({exc})") from None
+
+
 def bench_live(args: argparse.Namespace) -> int:
     """`draftlab bench live`: print a sweep plan, or benchmark a baseline and speculative URLs."""
     if args.sweep_commands:
@@ -51,11 +100,21 @@ def bench_live(args: argparse.Namespace) -> int:
             Path(args.plan).write_text(json.dumps(plan, indent=2))
             print(f"wrote {args.plan}")
         return 0
-    prompts = [p["messages"] for p in load_eval_set(args.eval_set, args.run_dir, args.samples)]
+    prompts = [p["messages"] for p in _eval_prompts(args.eval_set, args.run_dir, args.samples)]
+    if args.plan and not args.baseline:
+        try:
+            plan = json.loads(Path(args.plan).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RecordError(f"--plan {args.plan}: not a JSON plan ({exc})") from None
+        for entry in plan:
+            _check_reachable(entry["url"])
+    elif args.baseline:
+        for url in [args.baseline, *(s.split("=", 1)[-1] for s in args.spec)]:
+            _check_reachable(url)
     kw = dict(model=args.model, concurrency=_ints(args.concurrency), repeats=args.repeats, warmup=args.warmup,
               max_tokens=args.max_tokens, meta_info=not args.no_meta_info)
     if args.plan and not args.baseline:
-        table, windows = run_sweep(json.loads(Path(args.plan).read_text()), prompts, eval_set=args.eval_set, **kw)
+        table, windows = run_sweep(plan, prompts, eval_set=args.eval_set, **kw)
     else:
         if not args.baseline:
             raise SystemExit("give --baseline URL (and --spec LABEL=URL ...), or --plan plan.json")
@@ -101,17 +160,16 @@ def add_bench_live_parser(subparsers) -> None:
 
 # --------------------------------------------------------------------------- CLI
 
-def _load_prompts(args, target) -> tuple[str, list]:
-    prompts = bench.load_eval_set(args.eval_set, run_dir=args.run_dir, limit=args.samples)
-    return args.eval_set, [p["messages"] for p in prompts]
-
-
 def bench_specdec(args: argparse.Namespace) -> int:
-    """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check."""
+    """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check.
+
+    The draft folder and the evaluation set are checked first: loading the target takes seconds
+    to minutes, and a mistyped path should not cost them."""
+    _check_draft(args.draft)
+    name, prompts = args.eval_set, [p["messages"] for p in _eval_prompts(args.eval_set, args.run_dir, args.samples)]
     torch.set_num_threads(args.threads)
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     draft = load_draft(args.draft, target)
-    name, prompts = _load_prompts(args, target)
     ids = encode_prompts(target, prompts)
     steps = [int(s) for s in args.steps.split(",")]
     rows = []

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from draftlab.blend.bench import bench_blend
 from draftlab.blend.pipeline import blend
-from draftlab.blend.spec import BlendSpecError
-from draftlab.dataset_discovery import sources as S
+from draftlab.core.records import RecordError
 
 # -------------------------------------------------------------------------------------- CLI
 
@@ -25,13 +25,14 @@ def add_blend_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _cmd_blend(args: argparse.Namespace) -> int:
-    try:
-        report = blend(args.spec, args.out, target=args.target, overrides={"total": args.total, "seed": args.seed})
-    except (BlendSpecError, S.AdapterError, FileNotFoundError) as exc:
-        print(f"error: {exc}")
-        return 2
+    """Errors of the spec or a source are RecordErrors (BlendSpecError, AdapterError): `draftlab` prints
+    them as one line on stderr and exits 2 (draftlab.cli.main)."""
+    report = blend(args.spec, args.out, target=args.target, overrides={"total": args.total, "seed": args.seed})
+    for rejected in report["rejected_sources"]:
+        print(f"rejected source {rejected['source']}: {rejected['reason']}", file=sys.stderr)
     print(json.dumps({"splits": report["splits"], "dropped": report["dropped"], "rejected": report["rejected"],
-                      "out": str(args.out)}, indent=2))
+                      "rejected_sources": [r["source"] for r in report["rejected_sources"]], "out": str(args.out)},
+                     indent=2))
     return 0
 
 
@@ -57,5 +58,9 @@ def main(argv=None) -> int:
     bench = sub.add_parser("bench", help="benchmarks")
     add_bench_blend_parser(bench.add_subparsers(dest="what", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except RecordError as exc:  # the same one-line report as `draftlab blend` (draftlab.cli.main)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 

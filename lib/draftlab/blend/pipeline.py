@@ -70,7 +70,7 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     def drop(i: int, rule: str, detail=None) -> None:
         drops[rule] += 1
         c = conversations[i]
-        dropped.append({"id": c["id"], "source": c["source"], "row": c["meta"].get("row"), "rule": rule,
+        dropped.append({"id": c["id"], "source": c["source"], "line": c["meta"].get("line"), "rule": rule,
                         **({"detail": detail} if detail is not None else {})})
 
     t = time.perf_counter()
@@ -289,6 +289,8 @@ def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | No
         "sources": infos,
         **result.report,
         "rejected": len(rejects),
+        "rejected_sources": [{"source": i["name"], "reason": i["rejected_source"]} for i in infos
+                             if i.get("rejected_source")],
         "rejects_by_reason": dict(Counter(_reason_kind(r["reason"]) for r in rejects).most_common()),
         "length_bins": bins,
         "length": {s: length_stats(rows, bins) for s, rows in result.splits.items()},
@@ -304,8 +306,8 @@ def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | No
 
 def _reason_kind(reason: str) -> str:
     """Group reject reasons for the report ('missing field', 'empty content', ...)."""
-    for kind in ("missing field", "not str", "empty content", "unknown role", "invalid UTF-8", "absurd length",
-                 "not valid JSON", "no user message", "not a list", "not an object", "has no"):
+    for kind in ("empty source", "missing field", "not str", "empty content", "unknown role", "invalid UTF-8",
+                 "absurd length", "not valid JSON", "no user message", "not a list", "not an object", "has no"):
         if kind in reason:
             return kind
     return reason[:40]

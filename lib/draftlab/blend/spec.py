@@ -2,10 +2,17 @@
 
 Everything the pipeline (blend.pipeline) needs to know before reading a row is decided here,
 so a malformed spec fails before any dataset is loaded.
+
+A source may say `required: true` (default false). A source file that is empty or holds only
+blank lines has no rows and no columns to pick an adapter by; by default it becomes a rejected
+source (one record in rejects.jsonl with "line": null, and an entry of the report's
+`rejected_sources`) and the blend goes on with the others, since one empty download should not
+cost a whole blend. A required source that is empty stops the blend instead, naming the file.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from pathlib import Path
@@ -13,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from draftlab.core.paths import repo_path
-from draftlab.core.records import read_jsonl, write_jsonl
+from draftlab.core.records import RecordError, read_jsonl, write_jsonl
 from draftlab.dataset_discovery import offline
 from draftlab.dataset_discovery import sources as S
 
@@ -24,7 +31,7 @@ EVAL_SETS = {"humaneval": offline.humaneval_texts}
 TOP_KEYS = {"name", "seed", "tokenizer", "total", "oversample", "sources", "filters", "dedup", "decontaminate",
             "splits", "split_salt", "description"}
 SOURCE_KEYS = {"name", "kind", "weight", "count", "max_rows", "pin_split", "eval", "adapter", "role_map",
-               "packages", "max_per_file", "hub_id", "hub_split", "config", "revision", "path"}
+               "packages", "max_per_file", "hub_id", "hub_split", "config", "revision", "path", "required"}
 KINDS = ("docstrings", "humaneval", "hub", "local")
 DEFAULTS = {
     "seed": 0,
@@ -39,8 +46,8 @@ DEFAULTS = {
 }
 
 
-class BlendSpecError(ValueError):
-    """The blend spec is malformed; the message names the file and the key."""
+class BlendSpecError(RecordError):
+    """The blend spec is malformed; the message names the file and the key (one line from `draftlab`)."""
 
 
 # ------------------------------------------------------------------------------------- spec
@@ -62,6 +69,10 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
             raw = yaml.safe_load(Path(path).read_text())
         except FileNotFoundError:
             raise BlendSpecError(f"{path}: blend spec not found") from None
+        except IsADirectoryError:
+            raise BlendSpecError(f"{path}: is a folder, not a blend spec file") from None
+        except UnicodeDecodeError as exc:
+            raise BlendSpecError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start})") from None
         except yaml.YAMLError as exc:
             raise BlendSpecError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
@@ -111,6 +122,8 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
             raise BlendSpecError(f"{at}: give weight or count, not both")
         if "weight" in src and not spec.get("total"):
             raise BlendSpecError(f"{at}: weight needs a top-level 'total'")
+        if not isinstance(src.get("required", False), bool):
+            raise BlendSpecError(f"{at}: required must be true or false, got {src['required']!r}")
         if src.get("pin_split") not in (None, *SPLITS):
             raise BlendSpecError(f"{at}: pin_split must be one of {SPLITS}")
         for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
@@ -199,8 +212,13 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
     if kind == "local":
         path = repo_path(src["path"])
         if not path.exists():
-            raise FileNotFoundError(f"source {name!r}: {path} does not exist")
-        info["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            raise FileNotFoundError(errno.ENOENT, f"source {name!r} does not exist", str(path))
+        if not path.is_file():
+            raise S.AdapterError(f"source {name!r} ({path}): is a folder, not a dataset file")
+        data = path.read_bytes()
+        info["sha256"] = hashlib.sha256(data).hexdigest()
+        if not data.strip():
+            return _empty_source(src, path, info)
         if path.suffix == ".jsonl":
             adapter = S.detect_adapter(S.jsonl_columns(path), src.get("adapter"), where=f"source {name!r} ({path})")
             rows = S.read_jsonl_rows(path)
@@ -211,7 +229,8 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         if limit is not None:
             rows = _take(rows, limit)
         info["adapter"] = adapter.name
-        return S.normalize(rows, name, adapter, max_chars=max_chars, role_map=src.get("role_map"))
+        return S.normalize(rows, name, adapter, max_chars=max_chars, role_map=src.get("role_map"),
+                           first_line=2 if path.suffix == ".csv" else 1)
     # kind == "hub"
     max_rows = src.get("max_rows", limit)
     ds, columns = S.load_hub(src["hub_id"], src.get("hub_split", "train"), src.get("config"), src.get("revision"),
@@ -221,6 +240,16 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
     info["max_rows"] = max_rows
     return S.normalize(ds, name, adapter, max_chars=max_chars, role_map=src.get("role_map"),
                        meta={"hub_id": src["hub_id"]})
+
+
+def _empty_source(src: dict, path: Path, info: dict) -> S.Normalized:
+    """An empty or blank-only file: a rejected source, or the end of the blend if the spec requires it."""
+    reason = f"empty source: {path} has no rows (empty or blank lines only)"
+    if src.get("required"):
+        raise S.AdapterError(f"source {src['name']!r} ({path}): the file is empty or blank, and the spec marks "
+                             "the source required")
+    info["rejected_source"] = reason
+    return S.Normalized(rejects=[{"source": src["name"], "line": None, "reason": reason}])
 
 
 def _take(rows, n):
@@ -237,7 +266,7 @@ def _checked(rows: list[dict], source: str, max_chars: int) -> S.Normalized:
         try:
             S.check_messages(row["messages"], max_chars)
         except S.RowError as exc:
-            out.rejects.append({"source": source, "row": i, "reason": str(exc)})
+            out.rejects.append({"source": source, "line": i + 1, "reason": str(exc)})
             continue
         out.conversations.append(row)
     return out

@@ -14,7 +14,12 @@ ROLES = ("system", "user", "assistant")
 
 
 class RecordError(ValueError):
-    """A record is malformed; the message names the file, row and field."""
+    """An input is malformed or missing: a record, a file, the settings a run is resumed with.
+
+    The message names the file, the 1-based line (or row) and the field, so it can stand alone:
+    `draftlab` (cli.main) prints it as one line on stderr and exits 2 instead of a traceback.
+    A ValueError, so library callers that catch ValueError keep working.
+    """
 
 
 def conversation_id(messages: list[dict], source: str = "") -> str:

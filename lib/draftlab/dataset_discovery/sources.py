@@ -3,8 +3,13 @@
 Every dataset family stores a conversation differently (Alpaca columns, ShareGPT from/value
 lists, OpenAI messages, commit diffs...). One adapter per family maps a row to
 ``[{"role", "content"}, ...]``; `normalize` then checks the result and turns bad rows into
-rejects (source, row, reason) instead of stopping the blend. A dataset whose columns fit no
+rejects (source, line, reason) instead of stopping the blend. A dataset whose columns fit no
 adapter fails at once, naming its columns and the adapters tried.
+
+Where a row came from is one number everywhere (reject records, a conversation's meta, the
+blend's dropped rows): `line`, 1-based, the line an editor shows. For JSONL that is the file's
+line; for a CSV the record's line when no quoted field spans lines (the header is line 1); for
+sources without lines (Parquet, Hub datasets, built-in sources) the 1-based row number.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from draftlab.core.records import ROLES, conversation_id, jsonl_lines
+from draftlab.core.records import ROLES, RecordError, conversation_id, jsonl_lines
 
 # Longer than any sane training conversation; such rows are almost always scraping accidents.
 DEFAULT_MAX_CHARS = 200_000
@@ -32,8 +37,11 @@ SHAREGPT_ROLES = {
 }
 
 
-class AdapterError(ValueError):
-    """A dataset's columns fit no adapter (or not the one asked for)."""
+class AdapterError(RecordError):
+    """A dataset's columns fit no adapter (or not the one asked for), or its file cannot be read as one.
+
+    A RecordError, so `draftlab` reports it as one line (cli.main) instead of a traceback.
+    """
 
 
 class RowError(ValueError):
@@ -212,7 +220,12 @@ def check_messages(messages: list[dict], max_chars: int = DEFAULT_MAX_CHARS) -> 
 
 @dataclass
 class Normalized:
-    """The outcome of normalizing one source: conversations plus rejects (source, row, reason)."""
+    """The outcome of normalizing one source: conversations plus rejects.
+
+    A reject record is {"source", "line", "reason"}; `line` is 1-based, as an editor shows it
+    (see the module docstring for sources without lines). A whole source that yields nothing
+    (an empty or blank-only file) is one reject with "line": None (blend.spec).
+    """
 
     conversations: list[dict] = field(default_factory=list)
     rejects: list[dict] = field(default_factory=list)
@@ -227,19 +240,22 @@ def normalize(
     role_map: dict | None = None,
     meta: dict | None = None,
     out: Normalized | None = None,
+    first_line: int = 1,
 ) -> Normalized:
     """Map raw rows through an adapter and check them.
 
-    `rows` yields dicts, or (row_number, dict_or_None, reason) triples from `read_jsonl_rows`, so
-    that lines which are not even JSON become rejects too.
+    `rows` yields dicts, or (line, dict_or_None, reason) triples from `read_jsonl_rows`, so that
+    lines which are not even JSON become rejects too. Dicts are numbered from `first_line` (2 for
+    a CSV, whose header is line 1).
     """
     out = out or Normalized()
     opts = {"role_map": {k.lower(): v for k, v in (role_map or {}).items()}}
     for index, item in enumerate(rows):
+        line = first_line + index
         if isinstance(item, tuple):
-            index, row, reason = item
+            line, row, reason = item
             if row is None:
-                out.rejects.append({"source": source, "row": index, "reason": reason})
+                out.rejects.append({"source": source, "line": line, "reason": reason})
                 continue
         else:
             row = item
@@ -249,9 +265,9 @@ def normalize(
             messages = adapter.convert(row, opts)
             check_messages(messages, max_chars)
         except RowError as exc:
-            out.rejects.append({"source": source, "row": index, "reason": str(exc)})
+            out.rejects.append({"source": source, "line": line, "reason": str(exc)})
             continue
-        row_meta = {"row": index, "adapter": adapter.name}
+        row_meta = {"line": line, "adapter": adapter.name}
         for key in adapter.meta_fields:
             value = row.get(key)
             if isinstance(value, (str, int, float, bool)) and len(str(value)) <= 200:
@@ -265,18 +281,19 @@ def normalize(
 
 
 def read_jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]]:
-    """(row number, row, None) per line, or (row number, None, reason) for a line that is not UTF-8 JSON.
+    """(line, row, None) per non-blank line, or (line, None, reason) for one that is not UTF-8 JSON.
 
-    Unlike a strict reader this never stops the blend: one broken line costs one row.
+    `line` is 1-based, as an editor shows it. Unlike a strict reader this never stops the blend:
+    one broken line costs one row.
     """
     for line in jsonl_lines(path):
-        index, exc = line.lineno - 1, line.error
+        exc = line.error
         if isinstance(exc, UnicodeDecodeError):
-            yield index, None, f"invalid UTF-8 at byte {exc.start} of line {index + 1}"
+            yield line.lineno, None, f"invalid UTF-8 at byte {exc.start} of line {line.lineno}"
         elif exc is not None:
-            yield index, None, f"not valid JSON on line {index + 1} ({exc.msg})"
+            yield line.lineno, None, f"not valid JSON on line {line.lineno} ({exc.msg})"
         else:
-            yield index, line.row, None
+            yield line.lineno, line.row, None
 
 
 def jsonl_columns(path: str | Path, probe: int = 50) -> list[str]:
@@ -291,7 +308,12 @@ def jsonl_columns(path: str | Path, probe: int = 50) -> list[str]:
 
 
 def load_local(path: str | Path, split: str = "train"):
-    """A local JSON/JSONL/Parquet/CSV file as a `datasets.Dataset` (schema inferred by datasets)."""
+    """A local JSON/JSONL/Parquet/CSV file as a `datasets.Dataset` (schema inferred by datasets).
+
+    A file that datasets cannot parse (a truncated Parquet file, random bytes, a CSV quote never
+    closed) is an AdapterError naming the file and the parser's own one-line reason: the parsers
+    raise from deep inside datasets, pyarrow or pandas, and their tracebacks name none of it.
+    """
     import datasets
 
     path = Path(path)
@@ -300,7 +322,21 @@ def load_local(path: str | Path, split: str = "train"):
     kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
     if kind is None:
         raise AdapterError(f"{path}: unknown file type {path.suffix!r} (use .jsonl, .json, .parquet or .csv)")
-    return datasets.load_dataset(kind, data_files={split: str(path)}, split=split)
+    if not path.is_file():
+        raise AdapterError(f"{path}: not a file")
+    import pyarrow
+
+    try:
+        return datasets.load_dataset(kind, data_files={split: str(path)}, split=split)
+    except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as exc:
+        cause = exc.__cause__ or exc.__context__ or exc
+        raise AdapterError(f"{path}: cannot be read as {kind} ({_one_line(cause)})") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
 def load_hub(hub_id: str, split: str = "train", config: str | None = None, revision: str | None = None,

@@ -110,6 +110,30 @@ def logits_from_last(target, last: torch.Tensor, vocab_ids: torch.Tensor | None 
 
 
 # ---- offline hidden states: precomputed safetensors shards ------------------------------------
+# A shard is written to `shard-NNNNN.safetensors.precompute.tmp`, then renamed. A SIGKILL mid-write leaves
+# that file (tens of MB); the name says whose it is, so the next call removes it without guessing.
+TMP_SUFFIX = ".precompute.tmp"
+
+
+def remove_leftover_temps(out_dir) -> list:
+    """Remove the temp files an interrupted `precompute_hidden` left in `out_dir`; returns their paths.
+
+    Only names this module writes: shard temps (TMP_SUFFIX, and `shard-NNNNN.safetensors.tmp` of
+    draftlab before it), and the index's temp (core.files' default `.tmp` beside index.json);
+    anything else in the folder is left alone.
+    """
+    from pathlib import Path
+
+    out = Path(out_dir)
+    leftovers = [p for pattern in (f"shard-*.safetensors{TMP_SUFFIX}", "shard-*.safetensors.tmp", "index.json.tmp")
+                 for p in sorted(out.glob(pattern))]
+    for path in leftovers:
+        print(f"{path}: removing a temp file ({path.stat().st_size / 1e6:.1f} MB) left by an interrupted "
+              "precompute", flush=True)
+        path.unlink()
+    return leftovers
+
+
 def _ids_fingerprint(dataset) -> str:
     import hashlib
 
@@ -131,7 +155,8 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
 
     Each shard holds `last` [n_tok, H] (pre-norm final state) and, with store_aux, `aux`
     [n_tok, 3H] for a contiguous run of samples. index.json lists finished shards; a restart
-    continues after the last finished shard (a shard is written to a temp name, then renamed).
+    continues after the last finished shard (a shard is written to a temp name, then renamed) and
+    first removes the temp files a killed run left (remove_leftover_temps).
     """
     import json
     from pathlib import Path
@@ -141,6 +166,7 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_leftover_temps(out)
     layers = list(layers if layers is not None else target.capture_layers)
     lengths = [len(x) for x in dataset["input_ids"]]
     fp = _ids_fingerprint(dataset)
@@ -190,7 +216,7 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
             tensors = {"last": torch.cat(buf_last)}
             if store_aux:
                 tensors["aux"] = torch.cat(buf_aux)
-            with atomic_path(out / name) as tmp:
+            with atomic_path(out / name, suffix=TMP_SUFFIX) as tmp:
                 save_file(tensors, str(tmp))
             meta["shards"].append({"file": name, "start": start, "end": i})
             atomic_write_json(index_path, meta)

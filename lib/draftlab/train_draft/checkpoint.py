@@ -86,6 +86,22 @@ def _tuple(x):
     return tuple(_tuple(v) for v in x) if isinstance(x, list) else x
 
 
+def remove_checkpoint_temps(out_dir) -> list[Path]:
+    """Remove half-written checkpoints (`.ckpt-*.tmp`, save_checkpoint's temp folders) a killed run left.
+
+    A rerun removes only the temp of the step it saves again; after a resume with another
+    save_every the others would stay, each the size of a checkpoint. Returns what was removed.
+    """
+    leftovers = sorted(Path(out_dir).glob(".ckpt-*.tmp"))
+    for path in leftovers:
+        print(f"{path}: removing a checkpoint left half-written by an interrupted run", flush=True)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return leftovers
+
+
 def find_checkpoint(path) -> Path:
     """A ckpt-* folder, or the latest one of a training folder."""
     path = Path(path)

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from draftlab.core.files import atomic_write_json
+from draftlab.core.records import RecordError
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import OfflineHidden, precompute_hidden
@@ -32,6 +33,7 @@ from draftlab.train_draft.checkpoint import (
     _optimizer_state,
     _tuple,
     find_checkpoint,
+    remove_checkpoint_temps,
     save_checkpoint,
     summarize,
 )
@@ -87,6 +89,8 @@ class TrainingRun:
 
     # ---- set-up phases
     def check(self) -> None:
+        """Everything that can be checked without the target, before the seconds it takes to load it:
+        the settings, that the input files are files, and on resume that the checkpoint's recipe is this one."""
         cfg = self.cfg
         if cfg.arch not in ("eagle3", "eagle1"):
             raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
@@ -94,6 +98,20 @@ class TrainingRun:
             raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
         if cfg.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
+        if not cfg.train_file:
+            raise RecordError("train_file is not set (--train-file: canonical conversations, JSONL)")
+        for name in ("train_file", "val_file"):
+            path = Path(getattr(cfg, name)) if getattr(cfg, name) else None
+            if path is not None and not path.is_file():
+                what = "is a folder" if path.is_dir() else "does not exist"
+                raise RecordError(f"{path}: {name} {what}; it must be a JSONL file of conversations "
+                                  "(notebook 03_regenerate writes data/regen/train.jsonl)")
+        if self.resume:
+            try:
+                ck = find_checkpoint(cfg.out_dir)
+            except FileNotFoundError:
+                return
+            _check_same_recipe(ck, cfg)
 
     def setup_device(self) -> None:
         cfg = self.cfg
@@ -217,6 +235,8 @@ class TrainingRun:
         self.step, self.prior_s = 0, 0.0
         if not self.resume:
             return
+        if self.is_main:
+            remove_checkpoint_temps(self.out_dir)
         try:
             ck = find_checkpoint(self.out_dir)
         except FileNotFoundError:
@@ -365,11 +385,16 @@ RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_chec
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
-    old = json.loads((ck / "state.json").read_text())["train_config"]
+    """RecordError (one line from `draftlab train`) when the checkpoint was trained with another recipe."""
+    try:
+        old = json.loads((ck / "state.json").read_text())["train_config"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RecordError(f"{ck / 'state.json'}: not a training checkpoint's state ({exc!r}); use another out_dir "
+                          f"or delete {ck} to start afresh") from None
     new = asdict(cfg)
     diff = {k: (old.get(k), new[k]) for k in new if k not in RESUME_FREE and old.get(k) != new[k]}
     if diff:
-        raise ValueError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
+        raise RecordError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
                          f"delete {ck.parent} to start afresh")
 
 
