@@ -39,13 +39,20 @@ def _text(value) -> str:
 
 def _committed_together(a: Path, b: Path) -> bool:
     """True when some commit touched both files (a figure published with its notebook)."""
+
     def commits(path: Path) -> set[str]:
         try:
-            out = subprocess.run(["git", "log", "--format=%H", "--", str(path)], cwd=path.parent,
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                ["git", "log", "--format=%H", "--", str(path)],
+                cwd=path.parent,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
         except (OSError, subprocess.CalledProcessError):
             return set()
         return set(out.split())
+
     return bool(commits(a) & commits(b))
 
 
@@ -65,11 +72,18 @@ def image_output(png: Path, relative: str) -> dict:
     data = png.read_bytes()
     return {
         "output_type": "display_data",
-        "data": {"image/png": base64.b64encode(data).decode("ascii"),
-                 "text/plain": [f"<figure saved by this cell: {relative}>"]},
-        "metadata": {MARK: {"file": relative, "sha256": hashlib.sha256(data).hexdigest(),
-                            "added_by": "scripts/embed_saved_figures.py",
-                            "why": "the run used a non-interactive matplotlib backend; this is the PNG the cell saved"}},
+        "data": {
+            "image/png": base64.b64encode(data).decode("ascii"),
+            "text/plain": [f"<figure saved by this cell: {relative}>"],
+        },
+        "metadata": {
+            MARK: {
+                "file": relative,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "added_by": "scripts/embed_saved_figures.py",
+                "why": "the run used a non-interactive matplotlib backend; this is the PNG the cell saved",
+            }
+        },
     }
 
 
@@ -96,8 +110,10 @@ def repair(path: Path, write: bool = True) -> tuple[int, list[str]]:
             if not png.is_file():
                 notes.append(f"{path}: cell {index} saved {name}, but {png} is missing; nothing embedded")
             elif not certain and not _committed_together(png, path):
-                notes.append(f"{path}: cell {index} may have saved {name} (call inside a branch) and git does not "
-                             "show it committed with this notebook; nothing embedded")
+                notes.append(
+                    f"{path}: cell {index} may have saved {name} (call inside a branch) and git does not "
+                    "show it committed with this notebook; nothing embedded"
+                )
             else:
                 outputs.append(image_output(png, f"figures/{name}"))
                 added += 1
@@ -109,7 +125,9 @@ def repair(path: Path, write: bool = True) -> tuple[int, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="executed notebooks (default results/*/executed/*.ipynb)")
+    parser.add_argument(
+        "notebooks", nargs="*", type=Path, help="executed notebooks (default results/*/executed/*.ipynb)"
+    )
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a figure would be added")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(ROOT.glob("results/*/executed/*.ipynb"))

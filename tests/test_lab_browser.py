@@ -21,8 +21,10 @@ from helpers_lab import running_lab
 
 ROOT = Path(__file__).parents[1]
 CHROMIUM = os.environ.get("DRAFTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-PUBLISHED = ["results/reference/executed/05_flag_diagnosis.ipynb",
-             "results/reference/executed/06_benchmark_acceptance.ipynb"]
+PUBLISHED = [
+    "results/reference/executed/05_flag_diagnosis.ipynb",
+    "results/reference/executed/06_benchmark_acceptance.ipynb",
+]
 
 ERROR_LINE = re.compile(r"^\w+(Error|Exception): ", re.M)  # an error's last line (SyntaxError has no Traceback line)
 
@@ -57,8 +59,9 @@ def open_in_lab(browser, lab, path: str):
     page.goto(f"{lab.url}/lab/workspaces/{Path(path).stem}/tree/{path}?token={lab.token}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
     deadline = time.time() + 90  # its kernel started and idle, as the server sees it (the page shows idle earlier)
-    while not any(s["path"] == path and s["kernel"]["execution_state"] == "idle"
-                  for s in lab.api("GET", "sessions").json()):
+    while not any(
+        s["path"] == path and s["kernel"]["execution_state"] == "idle" for s in lab.api("GET", "sessions").json()
+    ):
         assert time.time() < deadline, f"{path}: no idle kernel after 90 s; see {lab.log}"
         time.sleep(0.5)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
@@ -96,7 +99,9 @@ def screenshot(page, tmp_path: Path, name: str) -> Path:
 
 
 def decoded_images(page) -> list[int]:
-    return page.eval_on_selector_all(".jp-NotebookPanel .jp-OutputArea-output img", "els => els.map(e => e.naturalWidth)")
+    return page.eval_on_selector_all(
+        ".jp-NotebookPanel .jp-OutputArea-output img", "els => els.map(e => e.naturalWidth)"
+    )
 
 
 def tracebacks(page) -> list[str]:
@@ -108,11 +113,16 @@ def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
     """Notebook 00 on its defaults (the smoke profile; RUN_DIR moved into tmp) runs clean and draws its figure."""
     root, run_dir = tmp_path / "root", tmp_path / "run"
     (root / "notebooks").mkdir(parents=True)
-    for ext, old in ((".ipynb", '\\"results/dev\\"'), (".py", '"results/dev"')):  # the .py last: jupytext wants it newest
+    for ext, old in (
+        (".ipynb", '\\"results/dev\\"'),
+        (".py", '"results/dev"'),
+    ):  # the .py last: jupytext wants it newest
         source = (ROOT / "notebooks" / f"00_environment_check{ext}").read_text()
         assert f"RUN_DIR = {old}" in source, f"00_environment_check{ext}: RUN_DIR default changed"
         new = json.dumps(str(run_dir)) if ext == ".py" else json.dumps(json.dumps(str(run_dir)))[1:-1]
-        (root / "notebooks" / f"00_environment_check{ext}").write_text(source.replace(f"RUN_DIR = {old}", f"RUN_DIR = {new}"))
+        (root / "notebooks" / f"00_environment_check{ext}").write_text(
+            source.replace(f"RUN_DIR = {old}", f"RUN_DIR = {new}")
+        )
         time.sleep(1.1)
     with running_lab(root, tmp_path) as lab:
         assert "draftlab" in lab.api("GET", "kernelspecs").json()["kernelspecs"], "no draftlab kernel: run make setup"
@@ -122,8 +132,9 @@ def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
         if not wait_for_run_all(page, 240):  # the page as it was is the best error message
             shot = screenshot(page, tmp_path, "lab-00_environment_check-run-all-timeout.png")
             pytest.fail(f"Run All did not finish in 240 s: see {shot}")
-        prompts = page.eval_on_selector_all(".jp-NotebookPanel .jp-CodeCell .jp-InputPrompt",
-                                            "els => els.map(e => e.textContent.trim())")
+        prompts = page.eval_on_selector_all(
+            ".jp-NotebookPanel .jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent.trim())"
+        )
         images = decoded_images(page)
         if images:
             page.locator(".jp-NotebookPanel .jp-OutputArea-output img").first.scroll_into_view_if_needed()
@@ -157,8 +168,11 @@ def test_published_executed_notebooks_show_their_figures_in_chromium(browser, tm
             page.wait_for_selector(".jp-NotebookPanel .jp-OutputArea-output img", state="attached", timeout=60_000)
             figures = page.locator(".jp-NotebookPanel .jp-OutputArea-output img")
             figures.last.scroll_into_view_if_needed()
-            page.wait_for_function("() => [...document.querySelectorAll('.jp-NotebookPanel .jp-OutputArea-output img')]"
-                                   ".every(e => e.naturalWidth > 0)", timeout=30_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-NotebookPanel .jp-OutputArea-output img')]"
+                ".every(e => e.naturalWidth > 0)",
+                timeout=30_000,
+            )
             shot = screenshot(page, tmp_path, f"lab-{rel.split('/')[1]}-{Path(rel).stem}.png")
             assert figures.count() == embedded, f"{rel}: {embedded} figures embedded, {figures.count()} shown ({shot})"
             page.close()

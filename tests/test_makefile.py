@@ -12,8 +12,12 @@ ROOT = Path(__file__).parents[1]
 
 
 def _dry_run(venv: Path, torch: str) -> str:
-    return subprocess.run(["make", "-n", "-C", str(ROOT), "setup", f"VENV={venv}", f"TORCH={torch}"],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "setup", f"VENV={venv}", f"TORCH={torch}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")

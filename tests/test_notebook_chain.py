@@ -77,9 +77,15 @@ def test_executed_notebook_has_no_error_output(chain, stem):
 FIGURES_NOT_SHOWN = {"07_data_scaling": "lib/draftlab/scaling.py switches matplotlib to Agg inside its plot functions"}
 
 
-@pytest.mark.parametrize("stem", [
-    pytest.param(s, marks=pytest.mark.xfail(reason=FIGURES_NOT_SHOWN[s], strict=True)) if s in FIGURES_NOT_SHOWN else s
-    for s in STEMS])
+@pytest.mark.parametrize(
+    "stem",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=FIGURES_NOT_SHOWN[s], strict=True))
+        if s in FIGURES_NOT_SHOWN
+        else s
+        for s in STEMS
+    ],
+)
 def test_executed_notebook_embeds_each_saved_figure(chain, stem):
     """A figure that is saved but not shown reads as a PosixPath in the notebook (issue 20.3)."""
     run_dir = chain[0]
@@ -158,7 +164,9 @@ def test_04_train_draft(chain):
         assert all(0.0 <= a <= 1.0 for a in acc)
         expected = 1 + sum(math.prod(acc[: i + 1]) for i in range(len(acc)))  # 1 + a0 + a0·a1 + ...
         assert r["eval"]["sim_accept_len"] == pytest.approx(expected, abs=1e-6)
-        assert r["settings"]["ttt_steps"] == p["TTT_STEPS"] and r["settings"]["draft_vocab_size"] == p["DRAFT_VOCAB_SIZE"]
+        assert (
+            r["settings"]["ttt_steps"] == p["TTT_STEPS"] and r["settings"]["draft_vocab_size"] == p["DRAFT_VOCAB_SIZE"]
+        )
         draft = run_dir / "drafts" / arch
         assert (draft / "config.json").is_file() and (draft / "model.safetensors").stat().st_size > 0
 

@@ -26,8 +26,13 @@ MARK = "draftlab_embedded_figure"
 def published() -> list[Path]:
     """Executed notebooks git tracks (a local `make demo` run is not published); a glob outside git."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         paths = [ROOT / p for p in out.split("\0") if p]
     except (OSError, subprocess.CalledProcessError):
         paths = sorted(ROOT.glob("results/*/executed/*.ipynb"))
@@ -58,9 +63,15 @@ def test_published_notebook_that_saves_figures_embeds_them(path):
     assert shown, f"{'/'.join(path.parts[-3:])} saves figures but embeds none: run scripts/embed_saved_figures.py"
     for i, cell in enumerate(cells):
         outs = cell.get("outputs", [])
-        named = [o for o in outs if re.search(r"PosixPath\('[^']*/figures/[^']+\.png'\)", text(o.get("data", {}).get("text/plain")))]
+        named = [
+            o
+            for o in outs
+            if re.search(r"PosixPath\('[^']*/figures/[^']+\.png'\)", text(o.get("data", {}).get("text/plain")))
+        ]
         if named:
-            assert any("image/png" in o.get("data", {}) for o in outs), f"{path.name} code cell {i}: a figure path, no figure"
+            assert any("image/png" in o.get("data", {}) for o in outs), (
+                f"{path.name} code cell {i}: a figure path, no figure"
+            )
 
 
 @pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: f"{p.parts[-3]}/{p.stem}")
@@ -80,23 +91,36 @@ def _notebook(cells: list[dict]) -> dict:
 
 
 def _code(source: str, outputs: list[dict], count: int | None = 1) -> dict:
-    return {"cell_type": "code", "execution_count": count, "id": f"c{count}", "metadata": {},
-            "outputs": outputs, "source": source}
+    return {
+        "cell_type": "code",
+        "execution_count": count,
+        "id": f"c{count}",
+        "metadata": {},
+        "outputs": outputs,
+        "source": source,
+    }
 
 
 def test_embed_script_adds_the_saved_file_and_only_that(tmp_path):
     run = tmp_path / "run"
     (run / "executed").mkdir(parents=True)
     (run / "figures").mkdir()
-    shutil.copy(ROOT / "results/reference/figures/00_environment_check_capture_layers.png",
-                run / "figures" / "00_x_shown.png")
-    path_out = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
-                "data": {"text/plain": "PosixPath('/elsewhere/run/figures/00_x_shown.png')"}}
-    nb = _notebook([
-        _code('nb.save_figure(run, fig, "shown")', [path_out], 1),
-        _code('nb.save_figure(run, fig, "missing")', [], 2),  # no such file: must not be invented
-        _code('nb.save_figure(run, fig, "shown")', [], None),  # never ran
-    ])
+    shutil.copy(
+        ROOT / "results/reference/figures/00_environment_check_capture_layers.png", run / "figures" / "00_x_shown.png"
+    )
+    path_out = {
+        "output_type": "execute_result",
+        "execution_count": 1,
+        "metadata": {},
+        "data": {"text/plain": "PosixPath('/elsewhere/run/figures/00_x_shown.png')"},
+    }
+    nb = _notebook(
+        [
+            _code('nb.save_figure(run, fig, "shown")', [path_out], 1),
+            _code('nb.save_figure(run, fig, "missing")', [], 2),  # no such file: must not be invented
+            _code('nb.save_figure(run, fig, "shown")', [], None),  # never ran
+        ]
+    )
     target = run / "executed" / "00_x.ipynb"
     target.write_text(json.dumps(nb))
     check = subprocess.run([sys.executable, str(SCRIPT), "--check", str(target)], capture_output=True, text=True)
