@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 import sys
 
+from draftlab.core.errors import run_command
+
 # name -> (module, function that adds the subparser), in help order.
 COMMANDS = {
     "run": ("draftlab.run.runner", "add_run_parser"),
@@ -58,7 +60,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(args.func, args)  # a DraftlabError: one `error: ...` line, exit 1 or 2
 
 
 if __name__ == "__main__":

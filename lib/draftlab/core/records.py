@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
+from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_path
 
 ROLES = ("system", "user", "assistant")
 
 
-class RecordError(ValueError):
-    """A record is malformed; the message names the file, row and field."""
+class RecordError(InputError):
+    """A record is malformed; the message names the file, row and field (a ValueError, exit 2)."""
 
 
 def conversation_id(messages: list[dict], source: str = "") -> str:
