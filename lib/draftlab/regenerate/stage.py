@@ -138,8 +138,12 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
     workers = [asyncio.ensure_future(worker()) for _ in range(n_workers)]
     watcher = asyncio.ensure_future(watch_servers(pool, bar, work))
     try:
-        if workers:
-            await asyncio.wait([*workers, watcher], return_when=asyncio.FIRST_EXCEPTION)
+        pending = set(workers)
+        while pending and not watcher.done():  # the watcher never ends but by raising
+            _, pending = await asyncio.wait([*pending, watcher], return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(watcher)
+            if any(t.done() and not t.cancelled() and t.exception() for t in workers):
+                break
         for task in [*workers, watcher]:  # the watcher ends the run early only by raising
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()
