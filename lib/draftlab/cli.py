@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 import sys
 
-from draftlab.core.records import RecordError
+from draftlab.core.errors import run_command
 
 # name -> (module, function that adds the subparser), in help order.
 COMMANDS = {
@@ -59,28 +59,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Bad input is one line on stderr and exit 2, not a traceback (issue 19.5).
-
-    The one mechanism for every command: code that finds an input it cannot use raises RecordError
-    (core.records) naming the file, line and field, and an OSError that names a file (missing, a
-    directory where a file is wanted, not readable) is the same kind of mistake. Anything else is a
-    bug and keeps its traceback.
-    """
+    """Run one command: an expected failure is one line on stderr, not a traceback (issue 19.5;
+    core.errors.run_command is the one place that decides how)."""
     args = build_parser(argv).parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except RecordError as exc:
-        return _input_error(args, str(exc))
-    except OSError as exc:
-        if exc.filename is None:
-            raise
-        return _input_error(args, f"{exc.filename}: {exc.strerror or exc}")
-
-
-def _input_error(args: argparse.Namespace, message: str) -> int:
-    name = " ".join(filter(None, (args.command, getattr(args, "bench", None) if args.command == "bench" else None)))
-    print(f"draftlab {name}: error: {message}", file=sys.stderr)
-    return 2
+    return run_command(args.func, args)  # a DraftlabError: one `error: ...` line, exit 1 or 2
 
 
 if __name__ == "__main__":

@@ -8,17 +8,18 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
+from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_path
 
 ROLES = ("system", "user", "assistant")
 
 
-class RecordError(ValueError):
+class RecordError(InputError):
     """An input is malformed or missing: a record, a file, the settings a run is resumed with.
 
     The message names the file, the 1-based line (or row) and the field, so it can stand alone:
-    `draftlab` (cli.main) prints it as one line on stderr and exits 2 instead of a traceback.
-    A ValueError, so library callers that catch ValueError keep working.
+    `draftlab` (core.errors.run_command) prints it as one line on stderr and exits 2 instead of a
+    traceback. A ValueError (through InputError), so library callers that catch ValueError keep working.
     """
 
 

@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from draftlab.core.errors import InputError, run_command
 from draftlab.core.serve import LocalServer
-from draftlab.model.target import load_target, resolve_device, resolve_path
+from draftlab.model.target import TargetError, load_target, resolve_device, resolve_path
 from draftlab.regenerate import monitor
 from draftlab.regenerate.batch import regenerate_batch, sweep_batch_sizes
 from draftlab.regenerate.bench import bench_client
+from draftlab.regenerate.client import check_base_url
 from draftlab.regenerate.config import (
     SYSTEM_POLICIES,
     TRUNCATION_POLICIES,
@@ -59,6 +61,8 @@ def add_regenerate_parser(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=8, help="in-flight requests per server")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--max-retries", type=int, default=5)
+    p.add_argument("--max-outage", type=float, default=RegenConfig.max_outage,
+                   help="seconds with no server reachable before the run stops (resumable; default %(default)s)")
     p.add_argument("--limit", type=int, default=0, help="only the first N input rows")
     p.add_argument("--shard-rows", type=int, default=10000)
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, skip ids in errors.jsonl")
@@ -84,11 +88,29 @@ def config_from_args(args: argparse.Namespace, model: str) -> RegenConfig:
         system_policy=args.system_policy, system_prompt=args.system_prompt,
         truncation=args.truncation, max_assistant_turns=args.max_assistant_turns,
         concurrency=args.concurrency, request_timeout=args.timeout, max_retries=args.max_retries,
-        shard_rows=args.shard_rows, retry_errors=not args.no_retry_errors)
+        max_outage=args.max_outage, shard_rows=args.shard_rows, retry_errors=not args.no_retry_errors)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The flag errors a run would otherwise meet late (or never, waiting): InputError at once."""
+    if args.backend == "server" and not args.serve and (not args.base_url or not args.model):
+        missing = " and ".join(x for x, v in (("--base-url URL", args.base_url), ("--model NAME", args.model))
+                               if not v)
+        raise InputError(f"regenerate: give {missing}, or --serve TARGET")
+    for url in args.base_url:
+        check_base_url(url)
+    if args.output and Path(args.output).is_dir():
+        raise InputError(f"--output {args.output}: is a folder; give the final JSONL file's path")
+    if args.limit < 0:
+        raise InputError(f"--limit {args.limit}: must be >= 0 (0: every row)")
 
 
 def _regenerate_cli(args: argparse.Namespace) -> int:
+    _check_args(args)
+    config_from_args(args, model=args.model or "")  # flag values are checked before any work
     rows = load_conversations(args.input, args.limit)
+    if not rows:
+        raise InputError(f"{args.input}: no conversations in the file (it is empty or blank)")
     work = Path(args.work)
     if args.backend == "batch":
         config = config_from_args(args, model=args.target)
@@ -97,7 +119,10 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
                                    input_path=args.input, progress=not args.no_progress,
                                    cache=args.cache, batch_tokens=args.batch_tokens)
     elif args.serve:
-        folder = resolve_path(args.serve)
+        try:
+            folder = resolve_path(args.serve)
+        except TargetError as exc:
+            raise InputError(f"--serve {exc}") from exc
         log = Path(args.log_dir or work) / "serve.log"
         with LocalServer(folder, log_path=log, device=resolve_device(args.device)) as srv:
             print(f"server {srv.base_url} ready in {srv.startup_s:.1f} s (log {log})", flush=True)
@@ -106,8 +131,6 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
             summary = regenerate(rows, work, [srv.base_url, *args.base_url], config,
                                  input_path=args.input, progress=not args.no_progress)
     else:
-        if not args.base_url or not args.model:
-            raise SystemExit("regenerate: give --base-url URL and --model NAME, or --serve TARGET")
         config = config_from_args(args, model=args.model)
         summary = regenerate(rows, work, args.base_url, config, input_path=args.input,
                              progress=not args.no_progress)
@@ -163,7 +186,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     add_regenerate_parser(sub)
     add_bench_client_parser(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(args.func, args)
 
 
 def add_bench_generate_parser(subparsers) -> None:

@@ -9,22 +9,39 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from urllib.parse import urlsplit
 
 try:  # the HTTP client the openai SDK (>= 3) is built on; its connection pool is far cheaper
     import httpx2 as httpx  # than httpx 0.28's at tens of concurrent requests (notes/issue4.md)
 except ImportError:  # pragma: no cover - older openai releases
     import httpx
+from draftlab.core.errors import InputError, RunFailure
 from draftlab.regenerate.config import RETRY_STATUS, RegenConfig
 from draftlab.regenerate.outputs import RunStats
 
 # ------------------------------------------------------------------ servers and requests
 
 class RequestFailed(Exception):
+    """One request's failure. `unreachable`: no connection could be made (refused, connect timeout,
+    unknown host), so the server is not there; the outage clock bounds those, not the row's retries."""
+
     def __init__(self, reason: str, retryable: bool, server_down: bool = False,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, unreachable: bool = False):
         super().__init__(reason)
         self.reason, self.retryable, self.server_down = reason, retryable, server_down
-        self.retry_after = retry_after
+        self.retry_after, self.unreachable = retry_after, unreachable
+
+
+class ServerUnreachable(RunFailure):
+    """No server could be reached: at the start (at once) or for longer than `max_outage`."""
+
+
+def check_base_url(url: str) -> str:
+    """An http(s) URL with a host, or an InputError saying what a base URL looks like."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"--base-url {url!r}: not an http(s) URL with a host, e.g. http://127.0.0.1:8000")
+    return url
 
 
 class Endpoint:
@@ -38,6 +55,8 @@ class Endpoint:
         self.outages = 0
         self.ok = 0
         self.failed = 0
+        self.unreachable_since: float | None = None  # monotonic; set by a failed connect, cleared by any answer
+        self.last_error = ""
 
     def limit(self, now: float) -> int:
         if self.down_until > now:
@@ -51,10 +70,11 @@ class ServerPool:
 
     def __init__(self, urls: list[str], config: RegenConfig):
         if not urls:
-            raise ValueError("at least one base URL is needed")
+            raise InputError("at least one base URL is needed (--base-url URL)")
         self.endpoints = [Endpoint(u, config.concurrency) for u in urls]
         self.config = config
         self.cond = asyncio.Condition()
+        self.retry_at = 0.0  # monotonic: the earliest retry a request is sleeping towards
 
     async def acquire(self) -> Endpoint:
         async with self.cond:
@@ -66,14 +86,20 @@ class ServerPool:
                     ep.in_flight += 1
                     return ep
                 waits = [e.down_until - now for e in self.endpoints if e.down_until > now]
-                try:
+                try:  # a watcher (stage) cancels this wait when the outage lasts too long
                     await asyncio.wait_for(self.cond.wait(), timeout=min(waits) if waits else None)
                 except asyncio.TimeoutError:
                     pass
 
-    async def release(self, ep: Endpoint, ok: bool, server_down: bool = False) -> None:
+    async def release(self, ep: Endpoint, ok: bool, server_down: bool = False,
+                      failure: RequestFailed | None = None) -> None:
         async with self.cond:
             ep.in_flight -= 1
+            if failure is not None and failure.unreachable:
+                ep.unreachable_since = ep.unreachable_since or time.monotonic()
+                ep.last_error = failure.reason
+            elif ok or (failure is not None and not failure.server_down):
+                ep.unreachable_since = None  # it answered (an HTTP error is an answer too)
             if ok:
                 ep.ok += 1
                 ep.fails, ep.probation = 0, False
@@ -89,9 +115,60 @@ class ServerPool:
                         ep.fails = 0
             self.cond.notify_all()
 
+    def outage(self, now: float | None = None) -> float | None:
+        """Seconds since the last server became unreachable, or None while any one is not."""
+        since = [e.unreachable_since for e in self.endpoints]
+        if any(t is None for t in since):
+            return None
+        return (time.monotonic() if now is None else now) - max(since)
+
+    def outage_message(self, now: float | None = None) -> str:
+        """`server X unreachable for N s, retrying in M s`: what the progress line shows."""
+        now = time.monotonic() if now is None else now
+        down = ", ".join(e.url for e in self.endpoints)
+        available = min(max(e.down_until, now) for e in self.endpoints)
+        retry = max(available, self.retry_at) - now
+        word = "server" if len(self.endpoints) == 1 else "servers"
+        return f"{word} {down} unreachable for {self.outage(now) or 0:.0f} s, retrying in {retry:.0f} s"
+
+    def note_retry(self, at: float) -> None:
+        now = time.monotonic()
+        if self.retry_at <= now or at < self.retry_at:
+            self.retry_at = at
+
+    async def preflight(self, http: httpx.AsyncClient) -> None:
+        """Fail at once when no server can be reached at all (a dead URL would otherwise mean a
+        silent wait); any HTTP answer, even 404 or 401, counts as reachable."""
+        reasons = []
+        for ep in self.endpoints:
+            try:
+                await http.get(f"{ep.url}/v1/models", timeout=httpx.Timeout(10.0, connect=5.0))
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol,
+                    httpx.InvalidURL) as exc:
+                reasons.append(f"{ep.url} ({_short(exc)})")
+                ep.unreachable_since, ep.last_error = time.monotonic(), _short(exc)
+            except httpx.HTTPError:
+                return  # connected: slow or odd, but there
+        raise ServerUnreachable(f"no server answers at {', '.join(reasons)}; start it, or check "
+                                f"--base-url")
+
     def stats(self) -> dict:
         return {e.url: {"ok": e.ok, "failed": e.failed, "outages": e.outages}
                 for e in self.endpoints}
+
+
+def _short(exc: BaseException) -> str:
+    """An exception as a short phrase ('connection refused', 'connect timeout', ...)."""
+    text = str(exc) or type(exc).__name__
+    cause = exc
+    while cause is not None:  # httpx says "All connection attempts failed"; the OS error says why
+        if isinstance(cause, ConnectionRefusedError) or "refused" in str(cause).lower():
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect timeout"
+    return text.split("] ")[-1][:120]
 
 
 def parse_completion(resp: httpx.Response) -> dict:
@@ -149,9 +226,10 @@ class ChatClient:
         try:
             resp = await self.http.post(f"{ep.url}/v1/chat/completions", json=body)
         except httpx.ConnectError as exc:
-            raise RequestFailed(f"connection refused or failed ({exc})", True, server_down=True)
+            raise RequestFailed(f"connection refused or failed ({exc})", True, server_down=True,
+                                unreachable=True)
         except httpx.ConnectTimeout:
-            raise RequestFailed("connect timeout", True, server_down=True)
+            raise RequestFailed("connect timeout", True, server_down=True, unreachable=True)
         except httpx.TimeoutException as exc:
             raise RequestFailed(f"timeout after {self.config.request_timeout:g} s "
                                 f"({type(exc).__name__})", True)
@@ -172,16 +250,29 @@ class ChatClient:
         return parse_completion(resp)
 
     async def complete(self, messages: list[dict]) -> tuple[dict, int]:
-        """One assistant turn; returns (result with 'server', attempts) or raises RequestFailed."""
+        """One assistant turn; returns (result with 'server', attempts) or raises RequestFailed.
+
+        A failed connect is retried with backoff without using up `max_retries`: while no server
+        is there, the run's outage clock (`max_outage`, the stage's watcher) decides when to stop."""
         body = self.body(messages)
         c = self.config
-        for attempt in range(c.max_retries + 1):
+        attempt, tries, unreachable = 0, 0, 0
+        while True:
             ep = await self.pool.acquire()
             self.stats.requests += 1
+            tries += 1
             try:
                 result = await self._once(ep, body)
             except RequestFailed as exc:
-                await self.pool.release(ep, ok=False, server_down=exc.server_down)
+                await self.pool.release(ep, ok=False, server_down=exc.server_down, failure=exc)
+                if exc.unreachable:
+                    self.stats.retries += 1
+                    unreachable += 1
+                    delay = min(c.backoff_max, c.backoff_base * 2 ** min(unreachable, 16))
+                    delay *= random.uniform(0.5, 1.0)
+                    self.pool.note_retry(time.monotonic() + delay)
+                    await asyncio.sleep(delay)
+                    continue
                 if not exc.retryable or attempt == c.max_retries:
                     exc.reason = f"{exc.reason} [server {ep.url}, attempt {attempt + 1}]"
                     raise
@@ -190,11 +281,11 @@ class ChatClient:
                 if exc.retry_after is not None:
                     delay = min(c.backoff_max, max(delay, exc.retry_after))
                 await asyncio.sleep(delay)
+                attempt += 1
                 continue
             except BaseException:
                 await self.pool.release(ep, ok=False)
                 raise
             await self.pool.release(ep, ok=True)
             result["server"] = ep.url
-            return result, attempt + 1
-        raise AssertionError("unreachable")
+            return result, tries

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from draftlab.core.errors import InputError
 from draftlab.core.records import RecordError, jsonl_lines, validate_conversation
 
 SYSTEM_POLICIES = ("keep", "drop", "set")
@@ -39,19 +40,25 @@ class RegenConfig:
     backoff_max: float = 20.0
     down_after: int = 3              # consecutive connection failures before a server is taken out
     server_cooldown: float = 5.0     # seconds out before it is tried again (doubles, max 120 s)
+    max_outage: float = 300.0        # seconds with no server reachable before the run stops (resumable)
     shard_rows: int = 10000          # rows per shard file
     retry_errors: bool = True        # a rerun retries ids that are only in errors.jsonl
     fsync: bool = False              # fsync every line (power-loss safety; kill -9 needs none)
 
     def __post_init__(self):
+        """Refuse values that would make a run hang or fail later (InputError is a ValueError)."""
         if self.system_policy not in SYSTEM_POLICIES:
-            raise ValueError(f"system_policy must be one of {SYSTEM_POLICIES}, got {self.system_policy!r}")
+            raise InputError(f"system_policy must be one of {SYSTEM_POLICIES}, got {self.system_policy!r}")
         if self.system_policy == "set" and not self.system_prompt:
-            raise ValueError("system_policy 'set' needs a non-empty system_prompt")
+            raise InputError("system_policy 'set' needs a non-empty system_prompt (--system-prompt)")
         if self.truncation not in TRUNCATION_POLICIES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+            raise InputError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
         if self.max_tokens < 1 or self.concurrency < 1:
-            raise ValueError("max_tokens and concurrency must be >= 1")
+            raise InputError(f"max_tokens and concurrency must be >= 1, got {self.max_tokens} and "
+                             f"{self.concurrency}")
+        if not self.request_timeout > 0 or self.max_retries < 0 or self.max_outage < 0:
+            raise InputError(f"request_timeout must be > 0 and max_retries, max_outage >= 0, got "
+                             f"{self.request_timeout}, {self.max_retries}, {self.max_outage}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.model_name = self.model_name or self.model
@@ -74,13 +81,20 @@ class RegenConfig:
 def load_conversations(path: str | os.PathLike, limit: int = 0) -> list[dict]:
     """Read canonical conversations; a bad row is an error naming the file, line and field."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder; give the conversations file (JSONL)")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: input not found")
+        raise InputError(f"{path}: input not found")
+    try:
+        lines = list(jsonl_lines(path))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the input ({exc.strerror or exc})") from exc
     rows, seen = [], {}
-    for line in jsonl_lines(path):
+    for line in lines:
         lineno, row, where = line.lineno, line.row, f"{path}: line {line.lineno}"
         if line.error is not None:
-            raise RecordError(f"{where}: not valid JSON ({line.error})") from line.error
+            what = "not UTF-8 text" if isinstance(line.error, UnicodeDecodeError) else "not valid JSON"
+            raise RecordError(f"{where}: {what} ({line.error})") from line.error
         if not isinstance(row, dict):
             raise RecordError(f"{where}: a row must be a JSON object")
         validate_conversation(row, where)

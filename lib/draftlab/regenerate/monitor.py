@@ -2,7 +2,8 @@
 
 Reads a work folder of `draftlab.regenerate` (or `regen_batch`) without writing to it: rows
 done and left, tokens/s over the last minutes, ETA, error and truncation rates, whether the
-writer process is still alive; `--plot` draws throughput over time.
+writer process is still alive, and "stalled" while the writer finds no server (its status.json);
+`--plot` draws throughput over time.
 """
 
 from __future__ import annotations
@@ -12,8 +13,29 @@ import os
 import time
 from pathlib import Path
 
+from draftlab.core.errors import InputError
 from draftlab.regenerate.client import reason_kind
-from draftlab.regenerate.outputs import _read_lenient, shard_paths
+from draftlab.regenerate.outputs import _read_lenient, read_manifest, read_status, shard_paths
+
+EXAMPLE = "RUN/data/regen/work/train"
+
+
+class NotAWorkFolder(InputError, FileNotFoundError):
+    """The monitor was given a path that is not a regeneration work folder (says which one it wants)."""
+
+
+def check_work_folder(work: Path) -> None:
+    """A work folder has a manifest.json; otherwise say what to give, naming any found below."""
+    if not work.exists():
+        raise NotAWorkFolder(f"{work}: no such folder; give a regeneration work folder, e.g. {EXAMPLE}")
+    if not work.is_dir():
+        raise NotAWorkFolder(f"{work}: is a file; give a regeneration work folder, e.g. {EXAMPLE}")
+    if (work / "manifest.json").exists():
+        return
+    below = sorted(str(p.parent) for pattern in ("*/manifest.json", "*/*/manifest.json")
+                   for p in work.glob(pattern))
+    hint = f"the work folders under it: {', '.join(below[:4])}" if below else f"give one, e.g. {EXAMPLE}"
+    raise NotAWorkFolder(f"{work}: not a regeneration work folder (no manifest.json); {hint}")
 
 
 def _events(work: Path) -> dict:
@@ -50,9 +72,8 @@ def _pid_alive(pid) -> bool | None:
 def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | None = None) -> dict:
     """Where a regeneration stands; rates over the last `window_s` seconds (ending now)."""
     work = Path(work)
-    if not (work / "manifest.json").exists():
-        raise FileNotFoundError(f"{work}: no manifest.json; is this a regeneration work folder?")
-    manifest = json.loads((work / "manifest.json").read_text())
+    check_work_folder(work)
+    manifest = read_manifest(work)
     ev = _events(work)
     now = time.time() if now is None else now
     total = int(manifest.get("total", 0))
@@ -95,7 +116,18 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
         "runs": len(manifest.get("runs", [])),
         "writer_alive": _pid_alive(runs[-1].get("pid")),
         "top_errors": _top_reasons(errors_open),
+        **_writer_status(work, runs[-1].get("pid"), now),
     }
+
+
+def _writer_status(work: Path, pid, now: float) -> dict:
+    """The current writer's status.json: state and, while stalled, seconds without a server."""
+    status = read_status(work)
+    if not status or status.get("pid") != pid:
+        return {"state": None, "stalled_s": None, "status_message": None}
+    stalled = now - status["since"] if status.get("state") == "stalled" and status.get("since") else None
+    return {"state": status.get("state"), "stalled_s": stalled, "status_message": status.get("message"),
+            "max_outage": status.get("max_outage")}
 
 
 def _top_reasons(errors: dict, n: int = 3) -> list[tuple[str, int]]:
@@ -121,13 +153,23 @@ def format_summary(s: dict) -> str:
         f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last "
         f"{s['window_s'] / 60:.1f} min",
         f"          {s['tok_s_run']:.1f} tok/s over the current run (start to last row)",
-        f"ETA       {_hms(s['eta_s'])}",
+        _eta_line(s),
         f"errors    {s['errors_open']} open ({100 * s['error_rate']:.2f}%)"
         + (f"  top: {', '.join(f'{k} x{v}' for k, v in s['top_errors'])}" if s["top_errors"] else ""),
         f"truncated {s['dropped_truncated'] + s['kept_truncated']} ({100 * s['truncation_rate']:.2f}%)"
         f"  [dropped {s['dropped_truncated']}, kept+flagged {s['kept_truncated']}]",
     ]
     return "\n".join(lines)
+
+
+def _eta_line(s: dict) -> str:
+    """ETA, or instead why there is none: the writer finds no server, or it stopped for that."""
+    if s.get("state") == "stalled" and s.get("writer_alive") is not False and s.get("stalled_s") is not None:
+        limit = f" (it stops after {s['max_outage']:.0f} s)" if s.get("max_outage") is not None else ""
+        return f"stalled: no server for {s['stalled_s']:.0f} s{limit}: {s.get('status_message') or ''}".rstrip(": ")
+    if s.get("state") == "stopped" and s.get("left"):
+        return f"stopped   {s.get('status_message') or 'the writer stopped'}"
+    return f"ETA       {_hms(s['eta_s'])}"
 
 
 def throughput_series(work: str | os.PathLike, bin_s: float | None = None):

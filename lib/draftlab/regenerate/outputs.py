@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftlab.core.errors import InputError, RunFailure
 from draftlab.core.files import atomic_write_json
 from draftlab.core.records import RecordError, jsonl_line, jsonl_lines, write_jsonl
 from draftlab.regenerate.config import RegenConfig
@@ -153,14 +154,19 @@ class WorkLock:
     def __init__(self, work: Path):
         import fcntl
 
-        work.mkdir(parents=True, exist_ok=True)
+        if work.exists() and not work.is_dir():
+            raise InputError(f"{work}: is a file; the work folder must be a folder (or not exist yet)")
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{work}: cannot create the work folder ({exc.strerror or exc})") from exc
         self.fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
             os.close(self.fd)
-            raise RuntimeError(f"{work}: another process (pid {other or '?'}) is regenerating "
+            raise RunFailure(f"{work}: another process (pid {other or '?'}) is regenerating "
                                f"into this folder; wait for it or stop it first") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
@@ -177,24 +183,54 @@ class WorkLock:
         self.release()
 
 
+def read_manifest(work: Path) -> dict:
+    """WORK/manifest.json, or an InputError naming it when it is not a manifest."""
+    path = Path(work) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable manifest ({exc}); move the folder aside or "
+                         f"use a new work folder") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("runs", []), list):
+        raise InputError(f"{path}: not a regeneration manifest (no 'runs' list)")
+    manifest.setdefault("runs", [])
+    return manifest
+
+
 def write_manifest(work: Path, input_path: str, total: int, config: RegenConfig, backend: str,
                    servers: list[str]) -> None:
     """manifest.json: the monitor reads `total` and the runs' start times from it.
 
     Refuses to resume a folder whose rows were made with other sampling or policies."""
     path = work / "manifest.json"
-    manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    manifest = read_manifest(work) if path.exists() else {"runs": []}
     old = manifest.get("config") or {}
     changed = {k: (old[k], getattr(config, k)) for k in IDENTITY_FIELDS
                if k in old and old[k] != getattr(config, k)}
     if changed and (shard_paths(work) or (work / "dropped.jsonl").exists()):
         detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-        raise ValueError(f"{work}: holds rows made with other parameters ({detail}); "
+        raise InputError(f"{work}: holds rows made with other parameters ({detail}); "
                          f"resume with the same ones or use a new work folder")
     manifest.update(input=str(input_path), total=total, config=asdict(config))
     manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers,
                              "pid": os.getpid()})
     atomic_write_json(path, manifest, indent=1)
+
+
+def write_status(work: Path, state: str, **fields) -> None:
+    """WORK/status.json: the writer's own word on where it stands (running, stalled while no server
+    answers, stopped, done), so `draftlab monitor` can say "stalled" rather than show an ETA."""
+    atomic_write_json(Path(work) / "status.json",
+                      {"state": state, "pid": os.getpid(), "t": time.time(), **fields}, indent=1)
+
+
+def read_status(work: Path) -> dict | None:
+    """The status a writer left, or None (none written, or unreadable mid-replace)."""
+    try:
+        status = json.loads((Path(work) / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def finalize(work: str | os.PathLike, output: str | os.PathLike, rows: list[dict]) -> dict:
@@ -299,6 +335,19 @@ class Progress:
 
             self.bar = tqdm(total=stats.total, initial=stats.skipped, unit="row", desc=desc,
                             dynamic_ncols=True, smoothing=0.1)
+
+    def note(self, text: str, every: float = 10.0) -> None:
+        """Say something about the run (a server lost, back again): the bar's postfix, or without a
+        bar one line on stderr at most every `every` seconds (each new kind of text at once)."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=True)
+            return
+        import sys
+
+        now, kind = time.monotonic(), text.split(" for ")[0]
+        if kind != getattr(self, "_kind", None) or now - getattr(self, "_said", 0.0) >= every:
+            self._kind, self._said = kind, now
+            print(text, file=sys.stderr, flush=True)
 
     def step(self, n: int = 1) -> None:
         if self.bar is None:

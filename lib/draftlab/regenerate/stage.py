@@ -15,6 +15,8 @@ from draftlab.regenerate.client import (
     ChatClient,
     RequestFailed,
     ServerPool,
+    ServerUnreachable,
+    check_base_url,
     reason_kind,
 )
 from draftlab.regenerate.config import (
@@ -33,6 +35,7 @@ from draftlab.regenerate.outputs import (
     outcome,
     scan_work,
     write_manifest,
+    write_status,
 )
 
 
@@ -63,7 +66,33 @@ async def regenerate_async(rows: list[dict], work: str | os.PathLike, base_urls:
                                         progress=progress, desc=desc)
 
 
+async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: float = 1.0) -> None:
+    """While no server answers: say so on the progress line and in WORK/status.json; past
+    `max_outage` seconds raise ServerUnreachable, which stops the run (rows written are kept)."""
+    was, wrote = None, 0.0
+    while True:
+        now = time.monotonic()
+        outage = pool.outage(now)
+        if outage is not None:
+            message = pool.outage_message(now)
+            bar.note(message)
+            if was is None or now - wrote >= 5.0:
+                wrote = now
+                write_status(work, "stalled", since=time.time() - outage, message=message,
+                             max_outage=pool.config.max_outage,
+                             servers={e.url: e.last_error for e in pool.endpoints})
+            if outage >= pool.config.max_outage:
+                raise ServerUnreachable(f"no server answered for {outage:.0f} s "
+                                        f"({'; '.join(f'{e.url}: {e.last_error}' for e in pool.endpoints)})")
+        elif was is not None:
+            bar.note(f"server back after {was:.0f} s")
+            write_status(work, "running")
+        was = outage
+        await asyncio.sleep(every)
+
+
 async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progress, desc):
+    base_urls = [check_base_url(u) for u in base_urls]
     state = scan_work(work)
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
@@ -77,6 +106,15 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
     out.written |= finished
     pool = ServerPool(list(base_urls), config)
     client = ChatClient(pool, config, stats)
+    if todo:
+        try:
+            await pool.preflight(client.http)
+        except ServerUnreachable as exc:
+            out.close()
+            await client.aclose()
+            write_status(work, "stopped", message=str(exc))
+            raise
+    write_status(work, "running")
     bar = Progress(stats, progress, desc)
     queue: asyncio.Queue = asyncio.Queue()
     for r in todo:
@@ -97,12 +135,32 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
             bar.step()
 
     n_workers = min(len(todo), sum(e.capacity for e in pool.endpoints)) or 0
+    workers = [asyncio.ensure_future(worker()) for _ in range(n_workers)]
+    watcher = asyncio.ensure_future(watch_servers(pool, bar, work))
     try:
-        await asyncio.gather(*(worker() for _ in range(n_workers)))
+        pending = set(workers)
+        while pending and not watcher.done():  # the watcher never ends but by raising
+            _, pending = await asyncio.wait([*pending, watcher], return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(watcher)
+            if any(t.done() and not t.cancelled() and t.exception() for t in workers):
+                break
+        for task in [*workers, watcher]:  # the watcher ends the run early only by raising
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+    except ServerUnreachable as exc:
+        done = len(finished) + stats.done + stats.dropped
+        message = (f"{exc}; stopped with {done}/{len(rows)} rows finished and kept in {work}: "
+                   f"rerun the same command to resume")
+        write_status(work, "stopped", message=message)
+        raise ServerUnreachable(message) from None
     finally:
+        for task in [*workers, watcher]:
+            task.cancel()
+        await asyncio.gather(*workers, watcher, return_exceptions=True)
         bar.close()
         out.close()
         await client.aclose()
+    write_status(work, "done")
     summary = stats.summary()
     summary["servers"] = pool.stats()
     return summary
