@@ -6,9 +6,7 @@ naming what is wrong instead of a stack. Each case is bounded by a subprocess ti
 would wait forever (a dead server) fails here instead of hanging the suite.
 
 "Unreadable" is a directory where a file is expected: the tests may run as root, where chmod 000 does
-not stop reads, and a fifo would block the reader instead of failing. Cases owned by the other parts of
-issue 19 (regenerate, monitor, doctor, export) that still fail on this branch are xfail, not strict, so
-the merge of the three branches can drop the marks that no longer apply.
+not stop reads, and a fifo would block the reader instead of failing.
 """
 
 from __future__ import annotations
@@ -61,24 +59,11 @@ COMMANDS = [
     ("bench_sglang", ["bench", "sglang", "--draft", "{path}", "--python", sys.executable], "", ("missing",)),
 ]
 
-# Who owns each command's faults in issue 19: this branch (f19c) or another one.
-OWNER = {"regenerate": "f19a", "monitor": "f19a", "bench_client": "f19a", "bench_generate": "f19a",
-         "export": "f19b", "export_validate": "f19b", "doctor_draft": "f19b", "doctor_server_info": "f19b",
-         "doctor_probe": "f19b"}
-# Cases of other branches that still fail on this one (the merge removes the marks that no longer apply).
-STILL_FAILING = {"regenerate-missing", "regenerate-directory", "monitor-missing", "monitor-random", "export-missing",
-                 "export-random", "doctor_probe-dead_server", "bench_client-dead_server", "bench_generate-missing",
-                 "bench_generate-directory"}
-
-
 def _cases():
     for name, argv, suffix, faults in COMMANDS:
         for fault in faults:
             case = f"{name}-{fault}"
-            marks = ()
-            if case in STILL_FAILING and OWNER.get(name, "f19c") != "f19c":
-                marks = (pytest.mark.xfail(strict=False, reason="fixed on branch f19a/f19b"),)
-            yield pytest.param(argv, suffix, fault, id=case, marks=marks)
+            yield pytest.param(argv, suffix, fault, id=case)
 
 
 def _path_under_test(tmp_path, suffix: str, fault: str) -> str:

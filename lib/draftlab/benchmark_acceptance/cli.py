@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from dataclasses import asdict
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 
@@ -21,6 +19,7 @@ from draftlab.benchmark_acceptance.live import (
 )
 from draftlab.benchmark_acceptance.sglang_study import add_bench_sglang_parser  # noqa: F401 (the command table)
 from draftlab.core.records import RecordError, write_jsonl
+from draftlab.core.serve import require_reachable
 from draftlab.engine import (
     MODES,
     SpecConfig,
@@ -51,24 +50,6 @@ def _eval_prompts(name: str, run_dir, limit) -> list[dict]:
         return load_eval_set(name, run_dir, limit)
     except (FileNotFoundError, ValueError) as exc:
         raise RecordError(f"--eval-set {name}: {exc}") from exc
-
-
-def _check_reachable(url: str, timeout_s: float = 5.0) -> None:
-    """RecordError unless something accepts TCP connections at the URL's host and port.
-
-    A refused or unroutable server otherwise shows up only after every request of a window has
-    failed, as an exception from deep in the measurement; this says which URL, at once."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise RecordError(f"{url}: not a server URL (bad port)") from None
-    if not parts.hostname:
-        raise RecordError(f"{url}: not a server URL (no host)")
-    try:
-        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
-        raise RecordError(f"{url}: no server reachable at {parts.hostname}:{port} ({exc.strerror or exc})") from None
 
 
 def _check_draft(folder: str) -> None:
@@ -107,10 +88,10 @@ def bench_live(args: argparse.Namespace) -> int:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise RecordError(f"--plan {args.plan}: not a JSON plan ({exc})") from None
         for entry in plan:
-            _check_reachable(entry["url"])
+            require_reachable(entry["url"])
     elif args.baseline:
         for url in [args.baseline, *(s.split("=", 1)[-1] for s in args.spec)]:
-            _check_reachable(url)
+            require_reachable(url)
     kw = dict(model=args.model, concurrency=_ints(args.concurrency), repeats=args.repeats, warmup=args.warmup,
               max_tokens=args.max_tokens, meta_info=not args.no_meta_info)
     if args.plan and not args.baseline:

@@ -15,18 +15,38 @@ import shutil
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from draftlab.core.errors import InputError, RunFailure
 from draftlab.core.process import ServerProcess, ServerStartError
 
 __all__ = [
     "LocalServer",
     "ServerStartError",
     "free_port",
+    "require_reachable",
     "transformers_serve_command",
     "sglang_target_command",
     "sglang_speculative_command",
     "sglang_commands",
 ]
+
+
+def require_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """InputError for a URL that names no server, RunFailure unless something accepts TCP
+    connections at its host and port: a dead server is said at once, with its URL, instead of as
+    every request of a run failing later."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise InputError(f"{url}: not a server URL (bad port)") from None
+    if not parts.hostname:
+        raise InputError(f"{url}: not a server URL (no host)")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RunFailure(f"{url}: no server reachable at {parts.hostname}:{port} ({exc.strerror or exc})") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,6 +8,7 @@ import random
 import time
 from pathlib import Path
 
+from draftlab.core.serve import require_reachable
 from draftlab.regenerate.config import RegenConfig
 from draftlab.regenerate.stage import regenerate, run_sync
 
@@ -63,6 +64,7 @@ def bench_client(base_url: str, model: str, *, n: int = 64, concurrency: int = 8
     import statistics
     import tempfile
 
+    require_reachable(base_url)  # both clients would otherwise fail deep inside a round
     config = RegenConfig(model=model, max_tokens=max_tokens, concurrency=concurrency,
                          temperature=0.0, truncation="keep_flag")
     rows = bench_prompts(n, seed)
