@@ -22,6 +22,7 @@ import pandas as pd
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
 from draftlab.benchmark_acceptance.sglang_live import Entry, measure, summarize
 from draftlab.benchmark_acceptance.sglang_report import write_summary
+from draftlab.core.errors import InputError, RunFailure
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
 from draftlab.sglang.install import server_env
@@ -96,7 +97,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         print(f"wrote {write_summary(out.parents[1])}")
         return 0
     if not (args.model_path and args.draft):
-        raise SystemExit("bench sglang: give --model-path and --draft (or --summary-only)")
+        raise InputError("bench sglang: give --model-path and --draft (or --summary-only)")
     prompts = load_eval_set(args.eval_set, args.run_dir, args.samples)
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
@@ -147,6 +148,8 @@ def bench_sglang(args: argparse.Namespace) -> int:
         startup_timeout=args.startup_timeout,
         deadline=deadline,
     )
+    if not (out / "windows.jsonl").is_file():
+        raise RunFailure(f"{out}: no server was measured; why each did not start: {out / 'failures.jsonl'}")
     table = summarize(out)
     table.to_csv(out / "summary.csv", index=False)
     print(f"wrote {write_summary(out.parents[1])}")
