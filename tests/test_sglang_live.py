@@ -56,6 +56,17 @@ def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
     assert first[0].output_ids == [1, 2, 3, 4]
 
 
+def test_a_concurrency_window_keeps_its_streams_busy_and_batch_1_uses_the_oracles_prompts():
+    transport, seen = mock_generate(verify_every=2)
+    entry = live.Entry("baseline", "cmd", concurrency=[1, 2, 8])
+    windows, first = live.measure_server(
+        "http://sg:1", entry, PROMPTS, repeats=1, warmup=0, max_new_tokens=4, samples=3, transport=transport
+    )
+    # batch 1: the first 3 (the engine's oracle prompts); c=2: max(3, 4*2) = 8; c=8: all 10 there are
+    assert [w.requests for w in windows] == [3, 8, 10] and len(first) == 3
+    assert [b["input_ids"] for b in seen["bodies"][:3]] == PROMPTS[:3]
+
+
 def test_a_plain_server_has_no_acceptance_and_a_dead_one_fails_loudly():
     transport, _ = mock_generate(verify_every=None)
     windows, _ = live.measure_server(
@@ -206,7 +217,7 @@ def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
                     "topk": 1,
                     "num_draft_tokens": 7,
                     "acceptance_length": 2.45,
-                    "samples": 2,
+                    "samples": 1,
                 },
                 {
                     "mode": "EAGLE3",
@@ -214,10 +225,15 @@ def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
                     "topk": 1,
                     "num_draft_tokens": 4,
                     "acceptance_length": 2.2,
-                    "samples": 2,
+                    "samples": 1,
                 },
             ]
         )
+    )
+    # an engine run over a different number of prompts is not a gap on the same prompt ids: skipped
+    (tmp_path / "sglang" / "oracle_other.json").write_text(
+        json.dumps([{"mode": "EAGLE3", "num_steps": 6, "topk": 1, "num_draft_tokens": 7, "acceptance_length": 9.9,
+                     "samples": 64}])
     )
     metrics = {"03_regenerate": {"backend": "server", "splits": {"train": {"tok_s": 41000.0, "rows_done": 10}}}}
     s, src = sglang_summary(tmp_path, metrics)

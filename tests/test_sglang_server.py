@@ -162,7 +162,12 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
 
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
     ports = {}
-    args = {"baseline": [], "EAGLE3 S3 K1 D4": ["--accept", "2"], "broken": ["--ready-after", "600"]}
+    args = {
+        "baseline": [],
+        "dies": ["--fail-generate"],
+        "EAGLE3 S3 K1 D4": ["--accept", "2"],
+        "broken": ["--ready-after", "600"],
+    }
     pids = []
 
     def server(entry, log):
@@ -179,6 +184,7 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
 
     entries = [
         live.Entry("baseline", "cmd"),
+        live.Entry("dies", "cmd"),  # healthy, then every request fails: recorded, the next still measured
         live.Entry("EAGLE3 S3 K1 D4", "cmd", [1, 2], 3, 1, 4, "EAGLE3"),
         live.Entry("broken", "cmd"),
     ]
@@ -188,10 +194,12 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
     assert all(_gone(s.pid) for s in pids)
     assert not list((tmp_path / "registry").glob("*.json"))
     failures = [json.loads(x) for x in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
-    assert [f["label"] for f in failures] == ["broken"] and "no answer" in failures[0]["error"]
+    assert [f["label"] for f in failures] == ["broken", "dies"] and "no answer" in failures[0]["error"]
+    assert "every request failed" in failures[1]["error"] and "500" in failures[1]["error"]
     table = live.summarize(tmp_path / "out").set_index(["label", "concurrency"])
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "acceptance_length"] == pytest.approx(8 / 5)  # 3+3+2 tokens, 2+2+1 steps
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "identical"] == 3  # same fixture outputs as the baseline
     assert (
-        live.measure(entries[:2], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3, server=server) == []
+        live.measure([entries[0], entries[2]], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3,
+                     server=server) == []
     )

@@ -2,14 +2,18 @@
 # Issue 17 on the GPU machine: SGLang from the offline bundle; the blend regenerated through an SGLang
 # server (and the batch backend on the same rows, side by side); the reference draft trained in the
 # background; then the draft measured in SGLang (`draftlab bench sglang`) and in the engine (the oracle).
-# Every call first stages the bundle parts it carried (.device/sglang/pN, made here by `draftlab sglang
-# bundle --out .device/sglang`; kept in $DL while the machine is warm), then runs PHASE:
+# Every call first takes the cargo chunk it carried (scripts/gpu/cargo.sh: GGUF, wheels, bundle, draft;
+# .device/cargo/cN) and stages the bundle parts there are (.device/sglang/pN, made here by `draftlab
+# sglang bundle --out .device/sglang`; kept in $DL while the machine is warm), then runs PHASE:
 #   setup    wheels, GGUF (a_stage.sh first; carry .device/b .whl .device/state), target conversion
-#   stash    nothing else (a transfer call for more bundle parts: carry .device/sglang/pN)
+#   stash    nothing else (a transfer call: carry .device/cargo/cN, or bundle parts .device/sglang/pN)
 #   regen    install SGLang, serve the target, notebook 03 through it, side by side on REGEN_SIDE rows,
 #            then notebook 04 in the background (setsid; its log in $DL/train-bg.log)
 #   after    wait for 04 (exit 3 while it runs); send the draft and the regenerated set back (once); then
 #            bench sglang (a whole call), the engine's oracle runs; results packed every call.
+#            With DRAFT=<a published draft> (the cargo's .device/drafts/eagle3) nothing is trained: the
+#            set-up runs here, the held-out split comes from the tracked EVAL_XZ, and the engine's oracle
+#            rows already published in ORACLE_FROM (same draft, prompts and samples) are reused.
 #            Exit 0 when all is done, 3: call again with PHASE=after
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -19,7 +23,11 @@ PREFIX=${PREFIX:-$DL/sglang}
 SG=$RUN/sglang
 MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
 DRAFT=${DRAFT:-$RUN/drafts/eagle3}  # a published draft instead (carry it; scripts/gpu/published_draft.sh)
+EVAL_XZ=${EVAL_XZ:-results/h200-sglang-2026-12-01/data/blend/test.jsonl.xz}  # the blend's held-out split
+ORACLE_FROM=${ORACLE_FROM:-results/h200-sglang-2026-12-01/sglang}
+SAMPLES=${SAMPLES:-32}  # batch-1 prompts of the study and the oracle: the published oracle rows used 32
 mkdir -p "$PARTS" "$SG"
+bash scripts/gpu/cargo.sh receive || exit 1
 for d in .device/sgp/p* .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
   [ -d "$d" ] && python3 -m draftlab.sglang.install stage --parts-dir "$d" --stage "$PARTS"
 done
@@ -33,7 +41,7 @@ install_sglang() {
 
 target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
   python3 -c "
-from draftlab.serve import sglang_target_command
+from draftlab.core.serve import sglang_target_command
 print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=${REGEN_MAX_RUNNING:-1024},
       extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
              '--cuda-graph-max-bs', '${REGEN_GRAPH_BS:-512}')))"
@@ -135,7 +143,7 @@ oracle() {  # the engine on the same prompt ids (same eval file, same first N) a
     [ "$(left)" -lt 90 ] && { say "oracle $name: left for the next call ($(left) s left)"; return 0; }
     # shellcheck disable=SC2086
     timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$DRAFT" \
-      --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
+      --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" \
       --max-new-tokens 128 --out "$SG/oracle_$name.json.tmp" $args 2>&1 | grep -v "it/s\]\|s/it\]"
     [ -s "$SG/oracle_$name.json.tmp" ] && mv "$SG/oracle_$name.json.tmp" "$SG/oracle_$name.json"
   done
@@ -174,6 +182,12 @@ case $PHASE in
     if [ "$DRAFT" = "$RUN/drafts/eagle3" ]; then  # this run's own training
       wait_training; rc=$?; [ $rc -eq 0 ] || exit $rc
       send_back_once
+    else  # a published draft: a measurement-only session
+      ensure_all || exit 1
+      if [ ! -s "$RUN/data/blend/test.jsonl" ]; then
+        mkdir -p "$RUN/data/blend" && xz -dc "$EVAL_XZ" > "$RUN/data/blend/test.jsonl" || exit 1
+      fi
+      for f in "$ORACLE_FROM"/oracle_*.json; do [ -e "$SG/$(basename "$f")" ] || cp "$f" "$SG/"; done
     fi
     [ -f "$DRAFT/model.safetensors" ] || { say "FAILED: no draft at $DRAFT"; exit 1; }
     install_sglang || exit 1
@@ -181,7 +195,7 @@ case $PHASE in
       if [ "$(left)" -lt "${STUDY_MIN_S:-330}" ]; then say "study needs a fresh call ($(left) s left)"; pack_results; exit 3; fi
       # shellcheck disable=SC2086
       timeout "$(( $(left) - 20 ))" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" \
-        --draft "$DRAFT" --eval-set "$RUN/data/blend/test.jsonl" --samples "${SAMPLES:-40}" \
+        --draft "$DRAFT" --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" \
         --max-new-tokens 128 --prefix "$PREFIX" --python python3 --budget-s $(( $(left) - 60 )) \
         --out "$SG/study" ${STUDY_ARGS:-} 2>&1 | grep -v "it/s\]"
       say "study: exit ${PIPESTATUS[0]}"

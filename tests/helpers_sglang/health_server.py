@@ -1,10 +1,11 @@
 """A real HTTP server process for the process-management tests: `python health_server.py PORT
-[--ready-after S] [--spawn-child] [--accept A]`. It answers GET /health with 200 once S seconds have
+[--ready-after S] [--spawn-child] [--accept A] [--fail-generate]`. It answers GET /health with 200 once S seconds have
 passed (503 before), and with --spawn-child it starts a sleeping grandchild (as SGLang's launcher
 starts its scheduler) whose pid it prints, so tests can check that the whole group goes. It also
 answers POST /flush_cache and POST /generate in SGLang's shapes (output ids = the input ids + 1, at
 most max_new_tokens; with --accept A, spec_verify_ct = ceil(tokens / A)) so a measurement loop can
-run against a real process. It is a fixture for draftlab's own loop, not a model."""
+run against a real process (with --fail-generate every /generate answers 500, as a server whose
+scheduler died behind a live HTTP front). It is a fixture for draftlab's own loop, not a model."""
 
 import json
 import math
@@ -16,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 port = int(sys.argv[1])
 ready_after = float(sys.argv[sys.argv.index("--ready-after") + 1]) if "--ready-after" in sys.argv else 0.0
 accept = float(sys.argv[sys.argv.index("--accept") + 1]) if "--accept" in sys.argv else None
+fail_generate = "--fail-generate" in sys.argv
 t0 = time.monotonic()
 if "--spawn-child" in sys.argv:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -39,6 +41,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, b"Cache flushed.")
         if self.path != "/generate":
             return self._send(404, b"no such path")
+        if fail_generate:
+            return self._send(500, b"scheduler died")
         ids = [t + 1 for t in body["input_ids"]][: body["sampling_params"]["max_new_tokens"]]
         meta = {"completion_tokens": len(ids), "prompt_tokens": len(body["input_ids"])}
         if accept:

@@ -41,6 +41,7 @@ from draftlab.sglang.server import SGLangServer
 
 __all__ = [
     "Entry",
+    "PER_STREAM",
     "Reply",
     "run_window",
     "measure",
@@ -50,6 +51,9 @@ __all__ = [
     "cycle_rates",
     "fit_server_costs",
 ]
+
+
+PER_STREAM = 4  # prompts per stream in a window at concurrency > 1
 
 
 @dataclass
@@ -128,10 +132,20 @@ def measure_server(
     repeats: int,
     warmup: int,
     max_new_tokens: int,
+    samples: int | None = None,
+    per_stream: int = PER_STREAM,
     timeout: float = 600.0,
     transport=None,
 ) -> tuple[list[Window], list[Reply]]:
-    """Warm-up, then `repeats` flushed windows per concurrency; the first batch-1 window's replies."""
+    """Warm-up, then `repeats` flushed windows per concurrency; the first batch-1 window's replies.
+
+    Batch 1 sends the first `samples` prompts (all when None); concurrency c sends the first
+    max(samples, per_stream * c), so that c streams stay busy for most of the window instead of
+    draining a list shorter than c (the throughput figure would then be a smaller batch's)."""
+    samples = len(prompt_ids) if samples is None else samples
+
+    def window_prompts(c: int) -> list[list[int]]:
+        return prompt_ids[: samples if c == 1 else max(samples, per_stream * c)]
 
     async def go():
         windows, first = [], None
@@ -142,7 +156,7 @@ def measure_server(
             for c in entry.concurrency:
                 for rep in range(repeats):
                     flushed = await flush_cache(client, url)
-                    replies, errors, wall = await run_window(client, url, prompt_ids, c, max_new_tokens)
+                    replies, errors, wall = await run_window(client, url, window_prompts(c), c, max_new_tokens)
                     if not replies:
                         raise RuntimeError(f"{entry.label}: every request failed; first: {errors[0]}")
                     usages = [r.usage for r in replies]
@@ -221,6 +235,7 @@ def measure(
     python: str | None = None,
     startup_timeout: float = 900.0,
     deadline: float | None = None,
+    samples: int | None = None,
     server=None,
 ) -> list[str]:
     """Start every server of `entries` not yet measured in `out`, all at once; measure them one at a
@@ -253,9 +268,21 @@ def measure(
                 break
             srv = servers[e.label]
             t0 = time.perf_counter()
-            windows, first = measure_server(
-                srv.base_url, e, prompt_ids, repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens
-            )
+            try:
+                windows, first = measure_server(
+                    srv.base_url,
+                    e,
+                    prompt_ids,
+                    repeats=repeats,
+                    warmup=warmup,
+                    max_new_tokens=max_new_tokens,
+                    samples=samples,
+                )
+            except (RuntimeError, httpx.HTTPError) as exc:  # one broken server must not cost the others
+                srv.stop()
+                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": f"measuring: {exc}"[-2000:]}])
+                print(f"{e.label}: failed while measured: {exc} (log {srv.log_path})", flush=True)
+                continue
             info = srv.server_info()
             srv.stop()
             extra = {
@@ -292,8 +319,10 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     rows = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines() if line.strip()]
     fields = Window.__dataclass_fields__
     table = summarize_windows(
-        [Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline, samples=max(r["requests"] for r in rows)
+        [Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline
     )
+    requests = {(r["label"], r["concurrency"]): r["requests"] for r in rows}  # batch 1: the oracle's prompts
+    table["samples"] = [requests[(r.label, r.concurrency)] for r in table.itertuples()]
     extra = {r["label"]: r for r in rows}
     for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):
         table[key] = [extra[label].get(key) for label in table["label"]]

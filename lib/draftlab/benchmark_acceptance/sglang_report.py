@@ -51,7 +51,7 @@ def oracle_gaps(run: str | Path) -> list[dict]:
     for path in sorted((run / "sglang").glob("oracle_*.json")):
         for row in json.loads(path.read_text()):
             key = _setting(row["mode"], row["num_steps"], row["topk"], row["num_draft_tokens"])
-            if key in sg:
+            if key in sg and int(sg[key].samples) == int(row["samples"]):  # the same first N prompt ids
                 s = sg[key].acceptance_length
                 out.append(
                     {
@@ -83,7 +83,7 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
     study = run / "sglang" / "study"
     if (study / "windows.jsonl").is_file():
         t = summarize(study)
-        where = f"sglang/study/summary ({int(t['samples'].max())} prompts)"
+        where = f"sglang/study/summary ({int(t[t.concurrency == 1]['samples'].max())} prompts at batch 1)"
         base1 = t[(t.label == "baseline") & (t.concurrency == 1)]
         if len(base1):
             s["sglang_baseline_tok_s_batch1"] = float(base1.tokens_per_s.iloc[0])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
-from draftlab.benchmark_acceptance.sglang_live import Entry, measure, summarize
+from draftlab.benchmark_acceptance.sglang_live import PER_STREAM, Entry, measure, summarize
 from draftlab.benchmark_acceptance.sglang_report import write_summary
 from draftlab.core.errors import InputError, RunFailure
 from draftlab.engine import encode_prompts
@@ -98,7 +98,11 @@ def bench_sglang(args: argparse.Namespace) -> int:
         return 0
     if not (args.model_path and args.draft):
         raise InputError("bench sglang: give --model-path and --draft (or --summary-only)")
-    prompts = load_eval_set(args.eval_set, args.run_dir, args.samples)
+    concurrency = _ints(args.concurrency)
+    # concurrency c gets PER_STREAM * c prompts (sglang_live.measure_server); batch 1 the first --samples
+    prompts = load_eval_set(args.eval_set, args.run_dir, max(args.samples, PER_STREAM * max(concurrency)))
+    if len(prompts) < args.samples:
+        raise InputError(f"{args.eval_set}: {len(prompts)} prompts, fewer than --samples {args.samples}")
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
     # SGLang sizes its KV pool from the memory free at its start minus (1 - fraction) of the GPU, so
@@ -115,7 +119,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         chain=_ints(args.chain),
         main_steps=args.main_steps,
         trees=_trees(args.trees),
-        concurrency=_ints(args.concurrency),
+        concurrency=concurrency,
         wrong_flag=not args.no_wrong_flag,
         max_running_requests=args.max_running_requests,
         port=args.port,
@@ -126,7 +130,8 @@ def bench_sglang(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "eval_set": args.eval_set,
-                "samples": len(ids),
+                "samples": args.samples,
+                "per_stream": PER_STREAM,
                 "prompt_ids": ids,
                 "entries": [e.__dict__ for e in entries],
                 "max_new_tokens": args.max_new_tokens,
@@ -147,6 +152,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         python=args.python,
         startup_timeout=args.startup_timeout,
         deadline=deadline,
+        samples=args.samples,
     )
     if not (out / "windows.jsonl").is_file():
         raise RunFailure(f"{out}: no server was measured; why each did not start: {out / 'failures.jsonl'}")

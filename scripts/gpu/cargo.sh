@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# What a measurement session carries to the GPU machine (the target GGUF, the notebooks' wheels, the
+# SGLang bundle, the published draft) as one tar stream cut into equal chunks, one chunk a call.
+# Why: a call carries 64 MiB together with the working tree (about 14 MiB now); items of uneven
+# sizes (a 56 MiB GGUF part, 55 MiB bundle parts, a 27 MiB draft) each took a call of their own and
+# some no longer fit beside the tree.
+#   here:  scripts/gpu/cargo.sh pack [CHUNK]   -> .device/cargo/c1 .. cN, each one chunk + its sha256
+#          (CHUNK default 48M; the items: scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
+#          bundle --out .device/sglang`)
+#   there: scripts/gpu/cargo.sh receive       -> keeps each carried chunk (checked) in /tmp/cargo; once
+#          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
+#          (every call again: the links are part of the repo copy, the unpacked files of /tmp)
+# Call N carries .device/cargo/cN; chunks may come in any order; a chunk carried twice is a no-op.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl
+       .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts/eagle3)
+LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
+HOLD=${CARGO_HOLD:-/tmp/cargo}
+
+pack() {
+  local size=${1:-48M} tmp=.device/cargo.tmp
+  for item in "${ITEMS[@]}"; do [ -e "$item" ] || { echo "cargo: $item missing (see this script's header)" >&2; exit 1; }; done
+  rm -rf .device/cargo "$tmp"; mkdir -p "$tmp"
+  tar -cf - "${ITEMS[@]}" | split -b "$size" -d -a 2 - "$tmp/chunk."
+  local n i=0
+  n=$(ls "$tmp" | wc -l)
+  for f in "$tmp"/chunk.*; do
+    i=$((i + 1))
+    mkdir -p ".device/cargo/c$i"
+    mv "$f" ".device/cargo/c$i/"
+    (cd ".device/cargo/c$i" && sha256sum chunk.* > SHA256 && echo "$n" > COUNT)
+  done
+  rmdir "$tmp"
+  du -sh .device/cargo/c* | paste -sd ' '
+  echo "cargo: $n chunks; carry .device/cargo/c1 .. c$n, one a call, and run scripts/gpu/cargo.sh receive"
+}
+
+receive() {
+  mkdir -p "$HOLD"
+  local d n got
+  for d in .device/cargo/c*; do
+    [ -f "$HOLD/root/.complete" ] && break
+    [ -f "$d/SHA256" ] || continue
+    (cd "$d" && sha256sum -c --quiet SHA256) || { echo "cargo: $d is damaged (sha256); carry it again" >&2; exit 1; }
+    cp -n "$d"/chunk.* "$HOLD/"
+    cp "$d/COUNT" "$HOLD/COUNT"
+  done
+  [ -f "$HOLD/COUNT" ] || { echo "cargo: no chunk here yet (carry .device/cargo/cN)"; return 0; }
+  n=$(cat "$HOLD/COUNT")
+  got=$(ls "$HOLD"/chunk.* 2>/dev/null | wc -l)
+  if [ ! -f "$HOLD/root/.complete" ]; then
+    if [ "$got" -lt "$n" ]; then echo "cargo: $got of $n chunks held in $HOLD"; return 0; fi
+    rm -rf "$HOLD/root"; mkdir -p "$HOLD/root"
+    cat "$HOLD"/chunk.* | tar -xf - -C "$HOLD/root"
+    touch "$HOLD/root/.complete"
+    rm -f "$HOLD"/chunk.*
+    echo "cargo: all $n chunks unpacked into $HOLD/root"
+  fi
+  mkdir -p .device
+  for l in "${LINKS[@]}"; do
+    if [ -e "$l" ] && [ ! -L "$l" ]; then echo "cargo: $l is already here (carried?): kept"; continue; fi
+    ln -sfn "$HOLD/root/$l" "$l"
+  done
+}
+
+case ${1:-} in
+  pack) pack "${2:-48M}" ;;
+  receive) receive ;;
+  *) echo "usage: scripts/gpu/cargo.sh pack [CHUNK] | receive" >&2; exit 2 ;;
+esac
