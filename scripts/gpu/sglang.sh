@@ -28,7 +28,7 @@ ORACLE_FROM=${ORACLE_FROM:-results/h200-sglang-2026-12-01/sglang}
 SAMPLES=${SAMPLES:-32}  # batch-1 prompts of the study and the oracle: the published oracle rows used 32
 mkdir -p "$PARTS" "$SG"
 bash scripts/gpu/cargo.sh receive || exit 1
-for d in .device/sgp/p* .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
+for d in .device/sglang/p*; do  # the bundle's part folders, one or two a call (hash-checked on arrival)
   [ -d "$d" ] && python3 -m draftlab.sglang.install stage --parts-dir "$d" --stage "$PARTS"
 done
 say "phase $PHASE; bundle parts staged: $(ls "$PARTS" | paste -sd ' ')"
