@@ -1,6 +1,7 @@
 """benchmark_acceptance.sglang_live and .sglang_study: windows over /generate, resumable results, the study's table."""
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,12 +45,13 @@ def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
     transport, seen = mock_generate(verify_every=2)
     entry = live.Entry("EAGLE3 S3", "cmd", concurrency=[1, 4], steps=3, topk=1, draft_tokens=4, algorithm="EAGLE3")
     windows, first = live.measure_server(
-        "http://sg:1", entry, PROMPTS, repeats=2, warmup=2, max_new_tokens=4, transport=transport
+        "http://sg:1", entry, PROMPTS, repeats=2, warmup=1, max_new_tokens=4, transport=transport
     )
+    # per concurrency one unmeasured warm-up window, then two flushed measured ones
     assert len(windows) == 4 and seen["flush"] == 4
-    assert len(seen["bodies"]) == 2 + 4 * len(PROMPTS)
+    assert len(seen["bodies"]) == 2 * 3 * len(PROMPTS)
     assert all(b["sampling_params"] == {"temperature": 0, "max_new_tokens": 4} for b in seen["bodies"])
-    assert [b["input_ids"] for b in seen["bodies"][2 : 2 + len(PROMPTS)]] == PROMPTS
+    assert [b["input_ids"] for b in seen["bodies"][len(PROMPTS) : 2 * len(PROMPTS)]] == PROMPTS
     w = windows[0]
     assert w.completion_tokens == 40 and w.verify_steps == 20 and w.acceptance_length == pytest.approx(2.0)
     assert [r.index for r in first] == list(range(len(PROMPTS)))  # batch-1 outputs, in prompt order
@@ -163,7 +165,10 @@ def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
     assert {s.max_running_requests for s in settings} == {64}
     assert parse_launch(wrong.command).speculative_algorithm == "EAGLE"
     assert len({e.command.split("--port ")[1].split()[0] for e in entries}) == len(entries)  # side by side
-    assert by["baseline"].command.endswith("--cuda-graph-max-bs 64") and wrong.command.endswith("--cuda-graph-max-bs 1")
+    assert "--cuda-graph-max-bs 64 " in by["baseline"].command and "--cuda-graph-max-bs 1 " in wrong.command
+    nccl = [int(e.command.split("--nccl-port ")[1].split()[0]) for e in entries]  # servers start together
+    http = {int(e.command.split("--port ")[1].split()[0]) for e in entries}
+    assert len(set(nccl)) == len(entries) and not set(nccl) & http
     with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
         _trees("5x4")
     with pytest.raises(ValueError, match="STEPSxTOPKxDRAFT_TOKENS"):
@@ -269,3 +274,21 @@ def test_break_even_beside_the_engine_draws_both_fits(tmp_path):
     assert len(ax.lines) == 3  # two curves and the break-even line
     assert [c.get_offsets().shape[0] for c in ax.collections] == [1, 2]  # engine point, SGLang points
     assert "SGLang" in ax.lines[1].get_label() and "break-even L=1.95" in ax.lines[1].get_label()
+
+
+def test_the_published_study_draws_its_figures_without_a_gpu(tmp_path):
+    """The committed H200 study (results/h200-sglang-2026-12-01/sglang) is what a reader redraws."""
+    import shutil
+
+    from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures, engine_chain_rows
+
+    src = Path(__file__).resolve().parents[1] / "results" / "h200-sglang-2026-12-01" / "sglang"
+    shutil.copytree(src, tmp_path / "sglang")
+    assert [r["num_steps"] for r in engine_chain_rows(tmp_path / "sglang")] == [1, 3, 6]
+    written = draw_study_figures(tmp_path)
+    assert [p.name for p in written] == [
+        "sglang_tok_s_by_concurrency.png",
+        "sglang_acceptance_by_steps.png",
+        "sglang_breakeven_engine_vs_sglang.png",
+    ]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000 for p in written)

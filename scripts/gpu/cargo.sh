@@ -43,12 +43,12 @@ receive() {
     [ -f "$HOLD/root/.complete" ] && break
     [ -f "$d/SHA256" ] || continue
     (cd "$d" && sha256sum -c --quiet SHA256) || { echo "cargo: $d is damaged (sha256); carry it again" >&2; exit 1; }
-    cp -n "$d"/chunk.* "$HOLD/"
+    cp --update=none "$d"/chunk.* "$HOLD/"
     cp "$d/COUNT" "$HOLD/COUNT"
   done
   [ -f "$HOLD/COUNT" ] || { echo "cargo: no chunk here yet (carry .device/cargo/cN)"; return 0; }
   n=$(cat "$HOLD/COUNT")
-  got=$(ls "$HOLD"/chunk.* 2>/dev/null | wc -l)
+  got=$(find "$HOLD" -maxdepth 1 -name 'chunk.*' | wc -l)  # (none once unpacked)
   if [ ! -f "$HOLD/root/.complete" ]; then
     if [ "$got" -lt "$n" ]; then echo "cargo: $got of $n chunks held in $HOLD"; return 0; fi
     rm -rf "$HOLD/root"; mkdir -p "$HOLD/root"

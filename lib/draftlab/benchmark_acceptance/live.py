@@ -248,6 +248,8 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
         rows.append({
             "eval_set": eval_set, "samples": samples, "label": label, "concurrency": conc, "windows": len(g),
             "tokens_per_s": tps, "tokens_per_s_ci95": tps_ci,
+            # the median resists a window slowed by a neighbour or a late kernel compile
+            "tokens_per_s_median": float(g["tokens_per_s"].median()),
             # pooled over windows: sum(completion) / sum(verify), the contract's definition
             "acceptance_length": (g["completion_tokens"].sum() / g["verify_steps"].sum()) if has_al else None,
             "acceptance_length_ci95": al_ci if has_al else None,
@@ -256,7 +258,7 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
     out = pd.DataFrame(rows)
     if baseline is not None and len(out):
         base = out[out["label"] == baseline].set_index("concurrency")
-        speed, speed_ci = [], []
+        speed, speed_ci, speed_median = [], [], []
         for _, r in out.iterrows():
             if r["concurrency"] in base.index:
                 b = base.loc[r["concurrency"]]
@@ -265,11 +267,14 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
                 rel = math.hypot(r["tokens_per_s_ci95"] / r["tokens_per_s"], b["tokens_per_s_ci95"] / b["tokens_per_s"])
                 speed.append(ratio)
                 speed_ci.append(ratio * rel)
+                speed_median.append(r["tokens_per_s_median"] / b["tokens_per_s_median"])
             else:
                 speed.append(None)
                 speed_ci.append(None)
+                speed_median.append(None)
         out["speedup"] = speed
         out["speedup_ci95"] = speed_ci
+        out["speedup_median"] = speed_median
     return out
 
 

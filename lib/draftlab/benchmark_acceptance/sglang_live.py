@@ -137,7 +137,9 @@ def measure_server(
     timeout: float = 600.0,
     transport=None,
 ) -> tuple[list[Window], list[Reply]]:
-    """Warm-up, then `repeats` flushed windows per concurrency; the first batch-1 window's replies.
+    """Per concurrency `warmup` unmeasured windows, then `repeats` flushed ones; the first batch-1
+    window's replies. (Measured 2026-12-01: with 4 warm-up prompts the first server measured ran its
+    first three batch-1 windows at 490 tok/s and its fifth at 736: the kernels were still compiling.)
 
     Batch 1 sends the first `samples` prompts (all when None); concurrency c sends the first
     max(samples, per_stream * c), so that c streams stay busy for most of the window instead of
@@ -151,9 +153,9 @@ def measure_server(
         windows, first = [], None
         limits = httpx.Limits(max_connections=max(entry.concurrency) + 4)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
-            if warmup:
-                await run_window(client, url, prompt_ids[:warmup], 1, max_new_tokens)
             for c in entry.concurrency:
+                for _ in range(warmup):  # unmeasured: triton compiles kernels per new shape on first use
+                    await run_window(client, url, window_prompts(c), c, max_new_tokens)
                 for rep in range(repeats):
                     flushed = await flush_cache(client, url)
                     replies, errors, wall = await run_window(client, url, window_prompts(c), c, max_new_tokens)
@@ -229,7 +231,7 @@ def measure(
     out: str | Path,
     *,
     repeats: int = 3,
-    warmup: int = 2,
+    warmup: int = 1,
     max_new_tokens: int = 128,
     env: dict | None = None,
     python: str | None = None,

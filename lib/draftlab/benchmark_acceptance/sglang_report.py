@@ -86,23 +86,24 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
         where = f"sglang/study/summary ({int(t[t.concurrency == 1]['samples'].max())} prompts at batch 1)"
         base1 = t[(t.label == "baseline") & (t.concurrency == 1)]
         if len(base1):
-            s["sglang_baseline_tok_s_batch1"] = float(base1.tokens_per_s.iloc[0])
+            s["sglang_baseline_tok_s_batch1"] = float(base1.tokens_per_s_median.iloc[0])
             src["sglang_baseline_tok_s_batch1"] = (
-                f"{where}: baseline, concurrency 1, mean of {int(base1.windows.iloc[0])} windows"
+                f"{where}: baseline, concurrency 1, median of {int(base1.windows.iloc[0])} windows"
             )
         s6 = t[(t.label == "EAGLE3 S6 K1 D7") & (t.concurrency == 1)]
         if len(s6):
             s["sglang_acceptance_s6_heldout"] = float(s6.acceptance_length.iloc[0])
             src["sglang_acceptance_s6_heldout"] = f"{where}: EAGLE3 S6 K1 D7, concurrency 1, meta_info"
         for key, conc in (("sglang_speedup_batch1", 1), ("sglang_speedup_c16", 16)):
-            rows = t[(t.concurrency == conc) & (t.algorithm == "EAGLE3") & t.speedup.notna()]
+            rows = t[(t.concurrency == conc) & (t.algorithm == "EAGLE3") & t.speedup_median.notna()]
             if len(rows):
-                best = rows.loc[rows.speedup.idxmax()]
-                s[key] = float(best.speedup)
+                best = rows.loc[rows.speedup_median.idxmax()]
+                s[key] = float(best.speedup_median)
                 src[key] = (
-                    f"{where}: best EAGLE3 setting at concurrency {conc}, {best.label} "
-                    f"(± {best.speedup_ci95:.3f}; {best.identical}/{int(best.samples)} outputs identical "
-                    f"to SGLang's baseline)"
+                    f"{where}: best EAGLE3 setting at concurrency {conc}, {best.label}, ratio of median "
+                    f"tok/s (of means: {best.speedup:.3f} ± {best.speedup_ci95:.3f}); {best.identical}/"
+                    f"{int(t[(t.label == best.label) & (t.concurrency == 1)].samples.iloc[0])} batch-1 outputs "
+                    f"identical to SGLang's baseline"
                 )
         wrong = t[(t.algorithm == "EAGLE") & (t.concurrency == 1)]
         if len(wrong):

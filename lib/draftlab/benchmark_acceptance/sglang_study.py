@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
+from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures
 from draftlab.benchmark_acceptance.sglang_live import PER_STREAM, Entry, measure, summarize
 from draftlab.benchmark_acceptance.sglang_report import write_summary
 from draftlab.core.errors import InputError, RunFailure
@@ -29,6 +30,7 @@ from draftlab.sglang.install import server_env
 
 # flags that served the embedded target on one H200 (../shared/docs/platform-notes.md): triton
 # attention (the bundle drops FA3's kernels), the pytorch sampler, no grammar backend
+NCCL_PORT_OFFSET = 100  # server i: HTTP on --port + i, torch.distributed's rendezvous on --port + 100 + i
 DEFAULT_SERVER_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none")
 
 
@@ -86,8 +88,10 @@ def study_entries(
             model_path, draft_path, [(s, 1, s + 1)], algorithm="EAGLE", **{**common, "port": port + len(plan)}
         )[1]
         entries.append(Entry(wrong["label"], wrong["command"], [1], s, 1, s + 1, "EAGLE"))
-    for e in entries:  # graphs for the batch sizes measured (capture time grows with the largest)
+    for i, e in enumerate(entries):  # graphs for the batch sizes measured (capture time grows with the largest)
         e.command += f" --cuda-graph-max-bs {max(e.concurrency)}"
+        # servers started together each picked a free NCCL port and two got the same (EADDRINUSE, 2026-12-01)
+        e.command += f" --nccl-port {port + NCCL_PORT_OFFSET + i}"
     return entries
 
 
@@ -95,6 +99,9 @@ def bench_sglang(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.summary_only:
         print(f"wrote {write_summary(out.parents[1])}")
+        if args.figures:
+            for path in draw_study_figures(out.parents[1], args.main_steps):
+                print(f"wrote {path}")
         return 0
     if not (args.model_path and args.draft):
         raise InputError("bench sglang: give --model-path and --draft (or --summary-only)")
@@ -135,6 +142,8 @@ def bench_sglang(args: argparse.Namespace) -> int:
                 "prompt_ids": ids,
                 "entries": [e.__dict__ for e in entries],
                 "max_new_tokens": args.max_new_tokens,
+                "warmup_windows": args.warmup,
+                "repeats": args.repeats,
             },
             indent=1,
         )
@@ -187,7 +196,7 @@ def add_bench_sglang_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,4,16,64", help="for the baseline, the main chain and the trees")
     p.add_argument("--no-wrong-flag", action="store_true", help="skip the `--speculative-algorithm EAGLE` server")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured windows per concurrency before the repeats")
     p.add_argument("--max-running-requests", type=int, default=64, help="the same for every server")
     p.add_argument(
         "--mem-fraction-static",
@@ -211,5 +220,11 @@ def add_bench_sglang_parser(subparsers) -> None:
         "--summary-only",
         action="store_true",
         help="measure nothing: write RUN/sglang/summary.json from what OUT and the oracle files hold",
+    )
+    p.add_argument(
+        "--figures",
+        action="store_true",
+        help="with --summary-only: also draw RUN/figures/sglang_*.png (tok/s by concurrency, acceptance "
+        "by S beside the engine's, break-even fitted to both)",
     )
     p.set_defaults(func=bench_sglang)
