@@ -1,10 +1,7 @@
 """The regeneration client keeps its requests in flight (issue 17.6: a median of 24 running requests
 at --concurrency 1024 starved an SGLang server). The server here is a fake with unlimited batch in
 its own process (helpers_regen/fake_openai.py), so whatever falls short is the client's.
-
-Measured on the shared 2-core machine (LOG.md 2026-12-01): with one httpx pool of 1,024
-connections the high run below kept a mean of ~210 of 1,024 requests in flight and the client
-spent ~4x the CPU per row it spends at concurrency 16; with the pool split, ~650 and ~1.0x."""
+Both tests fail with the client's old single httpx pool (figures: LOG.md 2026-12-01)."""
 
 import time
 
@@ -39,7 +36,8 @@ def test_client_keeps_its_requests_in_flight(high):
     stats, _ = high
     print(stats)
     assert stats["peak_in_flight"] == 1024, stats
-    assert stats["mean_in_flight"] >= 0.4 * 1024, stats
+    # between the old single pool's mean and the split pools' on the loaded 2-core machine (LOG.md)
+    assert stats["mean_in_flight"] >= 384, stats
 
 
 def test_client_cpu_per_row_does_not_grow_with_concurrency(high, tmp_path):

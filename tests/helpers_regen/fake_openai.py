@@ -25,8 +25,15 @@ import time
 
 
 class FakeOpenAI:
-    def __init__(self, delay: float = 1.0, jitter: float = 0.0, host: str = "127.0.0.1", port: int = 0,
-                 sample_every: float = 0.1, seed: int = 0):
+    def __init__(
+        self,
+        delay: float = 1.0,
+        jitter: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sample_every: float = 0.1,
+        seed: int = 0,
+    ):
         self.delay, self.jitter, self.host, self.port = delay, jitter, host, port
         self.sample_every = sample_every
         self.rng = random.Random(seed)
@@ -54,13 +61,20 @@ class FakeOpenAI:
     def stats(self) -> dict:
         """Requests in flight between the first request and the last answer (what a server sees)."""
         busy = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
-        return {"requests": self.requests, "answered": self.answered, "in_flight": self.in_flight,
-                "peak_in_flight": self.peak, "connections": self.connections,
-                "mean_in_flight": round(self.area / busy, 1) if busy > 0 else 0.0,
-                "median_in_flight": statistics.median(self.samples) if self.samples else 0,
-                "t_first": self.t_first, "t_last": self.t_last, "busy_s": round(busy, 3),
-                "answers_per_s": round(self.answered / busy, 1) if busy > 0 else 0.0,
-                "delay_s": self.delay}
+        return {
+            "requests": self.requests,
+            "answered": self.answered,
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak,
+            "connections": self.connections,
+            "mean_in_flight": round(self.area / busy, 1) if busy > 0 else 0.0,
+            "median_in_flight": statistics.median(self.samples) if self.samples else 0,
+            "t_first": self.t_first,
+            "t_last": self.t_last,
+            "busy_s": round(busy, 3),
+            "answers_per_s": round(self.answered / busy, 1) if busy > 0 else 0.0,
+            "delay_s": self.delay,
+        }
 
     async def _sampler(self) -> None:
         while True:
@@ -73,18 +87,26 @@ class FakeOpenAI:
     def _completion(self, max_tokens: int) -> bytes:
         if max_tokens not in self._bodies:
             words = " ".join(f"w{i % 100}" for i in range(max_tokens))
-            self._bodies[max_tokens] = json.dumps({
-                "id": "fake", "object": "chat.completion", "created": 0, "model": "fake",
-                "choices": [{"index": 0, "finish_reason": "length",
-                             "message": {"role": "assistant", "content": words}}],
-                "usage": {"prompt_tokens": 32, "completion_tokens": max_tokens,
-                          "total_tokens": 32 + max_tokens}}).encode()
+            self._bodies[max_tokens] = json.dumps(
+                {
+                    "id": "fake",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "fake",
+                    "choices": [
+                        {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": words}}
+                    ],
+                    "usage": {"prompt_tokens": 32, "completion_tokens": max_tokens, "total_tokens": 32 + max_tokens},
+                }
+            ).encode()
         return self._bodies[max_tokens]
 
     @staticmethod
     def _response(status: int, body: bytes) -> bytes:
-        return (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Not Found'}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+        return (
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Not Found'}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode() + body
 
     async def _chat(self, body: bytes) -> bytes:
         self.requests += 1
@@ -193,8 +215,11 @@ class FakeOpenAIProcess:
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, __file__, "--delay", str(delay), "--jitter", str(jitter)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--delay", str(delay), "--jitter", str(jitter)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line.startswith("port "):
             self.proc.kill()
@@ -204,8 +229,7 @@ class FakeOpenAIProcess:
     def _call(self, path: str, method: str = "GET") -> dict:
         import urllib.request
 
-        req = urllib.request.Request(self.base_url + path, method=method,
-                                     data=b"" if method == "POST" else None)
+        req = urllib.request.Request(self.base_url + path, method=method, data=b"" if method == "POST" else None)
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 

@@ -1,12 +1,14 @@
 """The asyncio client of `/v1/chat/completions` over one or more servers, with retries.
 
 It imports neither torch nor transformers, so the client starts fast; httpx2's connection pool
-is far cheaper than httpx 0.28's at tens of concurrent requests (notes/issue4.md).
+is far cheaper than httpx 0.28's at tens of concurrent requests (notes/issue4.md), but still walks
+all its connections per request, so each server's connections are spread over small pools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from urllib.parse import urlsplit
@@ -200,8 +202,8 @@ def reason_kind(reason: str) -> str:
 
 
 # Connections per httpx pool. A pool's bookkeeping walks all its connections twice per request, so
-# one pool of 1,024 connections cost the client ~6 ms a request and capped it near 120 requests/s
-# (LOG.md 2026-12-01); a server's connections are spread over several small pools instead.
+# one pool of 1,024 made the client CPU-bound far below what the server could take (issue 17.6;
+# figures in LOG.md 2026-12-01): each server's connections are spread over small pools instead.
 POOL_CONNECTIONS = 16
 
 
@@ -221,7 +223,7 @@ class ChatClient:
         # per endpoint: [requests in flight, client]; a request takes the least loaded, so none of
         # the `capacity` requests the ServerPool lets through ever waits for a connection
         self.shards = {id(e): [[0, client(POOL_CONNECTIONS)]
-                               for _ in range(-(-(e.capacity + 4) // POOL_CONNECTIONS))]
+                               for _ in range(math.ceil((e.capacity + 4) / POOL_CONNECTIONS))]
                        for e in pool.endpoints}
 
     async def aclose(self) -> None:
