@@ -60,7 +60,9 @@ def bench_client(base_url: str, model: str, *, n: int = 64, concurrency: int = 8
     Same server, prompts, concurrency and sampling (greedy). Rounds alternate which client goes
     first (ABBA) so drift and neighbours' load hit both; reported: the ratio of total tokens/s
     and the median of the per-round paired ratios (ours / SDK; >= 1.0: no client overhead).
-    """
+    At hundreds of requests in flight the SDK is itself client-bound (one httpx pool; LOG.md
+    2026-12-01), so a ratio says nothing about the feed there: measure that against a fake server
+    (benchmarks/regen_feed.py)."""
     import statistics
     import tempfile
 

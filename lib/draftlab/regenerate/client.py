@@ -1,12 +1,14 @@
 """The asyncio client of `/v1/chat/completions` over one or more servers, with retries.
 
 It imports neither torch nor transformers, so the client starts fast; httpx2's connection pool
-is far cheaper than httpx 0.28's at tens of concurrent requests (notes/issue4.md).
+is far cheaper than httpx 0.28's at tens of concurrent requests (notes/issue4.md), but still walks
+all its connections per request, so each server's connections are spread over small pools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from urllib.parse import urlsplit
@@ -199,18 +201,34 @@ def reason_kind(reason: str) -> str:
     return body[:40]
 
 
+# Connections per httpx pool. A pool's bookkeeping walks all its connections twice per request, so
+# one pool of 1,024 made the client CPU-bound far below what the server could take (issue 17.6;
+# figures in LOG.md 2026-12-01): each server's connections are spread over small pools instead.
+POOL_CONNECTIONS = 16
+
+
 class ChatClient:
     """Requests with timeouts, retries and exponential backoff over a ServerPool."""
 
     def __init__(self, pool: ServerPool, config: RegenConfig, stats: RunStats):
         self.pool, self.config, self.stats = pool, config, stats
-        n = sum(e.capacity for e in pool.endpoints)
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.request_timeout, connect=min(10.0, config.request_timeout)),
-            limits=httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4))
+        timeout = httpx.Timeout(config.request_timeout, connect=min(10.0, config.request_timeout))
+        tls = httpx.create_ssl_context()  # one for all pools: building one is ~60 ms each
+
+        def client(n: int) -> httpx.AsyncClient:
+            return httpx.AsyncClient(timeout=timeout, verify=tls,
+                                     limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+
+        self.http = client(4)  # the preflight's
+        # per endpoint: [requests in flight, client]; a request takes the least loaded, so none of
+        # the `capacity` requests the ServerPool lets through ever waits for a connection
+        self.shards = {id(e): [[0, client(POOL_CONNECTIONS)]
+                               for _ in range(math.ceil((e.capacity + 4) / POOL_CONNECTIONS))]
+                       for e in pool.endpoints}
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        for http in [self.http, *(c for shards in self.shards.values() for _, c in shards)]:
+            await http.aclose()
 
     def body(self, messages: list[dict]) -> dict:
         c = self.config
@@ -223,8 +241,10 @@ class ChatClient:
         return body
 
     async def _once(self, ep: Endpoint, body: dict) -> dict:
+        shard = min(self.shards[id(ep)], key=lambda sc: sc[0])
+        shard[0] += 1
         try:
-            resp = await self.http.post(f"{ep.url}/v1/chat/completions", json=body)
+            resp = await shard[1].post(f"{ep.url}/v1/chat/completions", json=body)
         except httpx.ConnectError as exc:
             raise RequestFailed(f"connection refused or failed ({exc})", True, server_down=True,
                                 unreachable=True)
@@ -236,6 +256,8 @@ class ChatClient:
         except httpx.TransportError as exc:  # dropped connection, incomplete body, ...
             raise RequestFailed(f"connection dropped ({type(exc).__name__}: {exc})", True,
                                 server_down=True)
+        finally:
+            shard[0] -= 1
         if resp.status_code != 200:
             retry_after = None
             if resp.status_code == 429:
