@@ -59,6 +59,10 @@ def outputs(nb: dict):
             yield from cell.get("outputs", [])
 
 
+def as_text(value) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
 def lines(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
@@ -105,8 +109,7 @@ WITHOUT_WEIGHTS = ("00_environment_check", "01_dataset_discovery", "02_blend")  
 @pytest.mark.parametrize("stem", STEMS)
 def test_no_progress_bar_or_tqdm_warning_lands_on_stderr(chain, stem):
     """Lab paints stderr pink: bars go to stdout as text, and tqdm.auto's ipywidgets warning is gone (issue 20.8)."""
-    bad = [o["text"][:160] if isinstance(o["text"], str) else "".join(o["text"])[:160]
-           for o in outputs(executed(chain[0], stem)) if o.get("name") == "stderr"]
+    bad = [as_text(o["text"])[:160] for o in outputs(executed(chain[0], stem)) if o.get("name") == "stderr"]
     assert not [t for t in bad if PROGRESS_BAR.search(t)], f"{stem}: progress on stderr: {bad}"
 
 
@@ -137,7 +140,7 @@ def test_05_opened_with_only_run_dir_continues_the_run(chain, tmp_path):
     papermill.execute_notebook(str(ROOT / "notebooks" / "05_flag_diagnosis.ipynb"), str(out),
                                parameters={"RUN_DIR": str(run_dir)}, kernel_name="python3", cwd=str(ROOT),
                                progress_bar=False)
-    first = "".join(o.get("text", "") for o in outputs(json.loads(out.read_text())) if o.get("name") == "stdout")
+    first = "".join(as_text(o["text"]) for o in outputs(json.loads(out.read_text())) if o.get("name") == "stdout")
     assert "from the run folder" in first and "TARGET='tiny'" in first and "PROFILE='smoke'" in first
     m = json.loads((run_dir / "metrics.json").read_text())["05_flag_diagnosis"]
     smoke = chain[2]["05_flag_diagnosis"]

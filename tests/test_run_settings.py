@@ -101,7 +101,7 @@ def test_runner_takes_an_existing_runs_profile_and_target_and_refuses_others(tmp
     assert runner.run_folder_settings(tmp_path / "new", None, {}) == ("quick", {})
 
 
-@pytest.mark.parametrize("value", ["gpu", "CPU", "tpu:0"])
+@pytest.mark.parametrize("value", ["gpu", "CPU", "tpu:0"], ids=lambda v: f"DEVICE={v}")
 def test_a_device_that_is_not_one_fails_before_papermill_starts(tmp_path, value):
     with pytest.raises(nb.ParameterError, match="is not a device: use auto, cpu, cuda or cuda:N"):
         runner.resolve_parameters(runner.select_notebooks(["00"]), runner.load_profile("smoke"), {"DEVICE": value},
