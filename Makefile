@@ -13,8 +13,12 @@ NBSTRIPOUT ?= nbstripout==0.9.1
 PLAYWRIGHT ?= playwright==1.65.2
 PROFILE ?= quick
 PYTEST_ARGS ?=
+# make lab: where JupyterLab listens and its token (empty: Lab generates one and prints the URL)
+PORT ?= 8888
+TOKEN ?=
+IP ?= 127.0.0.1
 
-.PHONY: setup demo test lint lab clean-venv
+.PHONY: setup demo test lint lab readme clean-venv
 
 ## setup: venv + pinned torch + draftlab (editable) + the embedded target, converted once; the notebook
 ## output filter in .git/config; the browser test's tools where they can be installed. Idempotent.
@@ -60,10 +64,19 @@ lint: setup
 	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root); its config
-## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py)
+## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py).
+## PORT (default 8888; Lab takes the next free one if it is busy) and TOKEN (default: Lab makes one and prints
+## the URL with it), e.g. `make lab PORT=8890 TOKEN=secret`; IP=0.0.0.0 to serve beyond this machine
 lab: setup
-	$(VENV)/bin/jupyter lab --config=$(CURDIR)/scripts/lab/jupyter_server_config.py --notebook-dir=. --ip=127.0.0.1 \
+	$(VENV)/bin/jupyter lab --config=$(CURDIR)/scripts/lab/jupyter_server_config.py --notebook-dir=. --ip=$(IP) \
+	    --port=$(PORT) $(if $(TOKEN),--IdentityProvider.token=$(TOKEN)) \
 	    --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+## readme: README.md's results block from the published run's summary.json (results/reference), and that
+## run's speedup-by-chain figure redrawn from its metrics.json (non-lossless runs marked); tests check both
+readme: setup
+	$(PY) -m draftlab.benchmark_acceptance.report results/reference
+	$(PY) -m draftlab.run.published README.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,9 +21,9 @@
 # **Hardware / runtime:** any; ~20 s (the embedded target is converted once, ~45 s the first time).
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # embedded (real weights) | tiny (random: figures stamped "not a result") | folder | .gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 

@@ -21,13 +21,13 @@
 # **Hardware / runtime:** any; a few seconds (the Hub probe gives up after `HUB_TIMEOUT_S`).
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id (not used here)
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id (not used here)
 DEVICE = "auto"  # auto | cpu | cuda (not used here)
 SEED = 0  # random seed for everything in this notebook
 CATALOG = "data/catalog.yaml"  # the catalog snapshot
-LIVE = False  # search the Hub too (falls back to the snapshot, saying so, when it does not answer)
+LIVE = True  # search the Hub too (falls back to the snapshot, saying so, when it does not answer)
 KEYWORDS = ["code instruct", "code feedback", "code alpaca", "sharegpt", "agent trajectories", "commitpack"]  # search
 HUB_LIMIT = 20  # datasets per keyword, sorted by downloads
 HUB_TIMEOUT_S = 3.0  # seconds to wait for the Hub before using the snapshot

@@ -22,14 +22,14 @@
 # **Hardware / runtime:** CPU; smoke seconds, quick ~20 s, full (24K prompts) a few minutes.
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # its tokenizer measures prompt lengths: embedded | tiny | folder | file.gguf | Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # its tokenizer measures prompt lengths: embedded | tiny | folder | file.gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda (not used here)
 SEED = 0  # random seed: quotas, shuffles (splits depend only on ids)
 BLEND_SPEC = "params/blend-offline.yaml"  # YAML blend spec (params/blend-recommended.yaml needs Hub access)
-TOTAL = 24  # rows over the spec's weighted sources (None: the spec's own total)
-SOURCE_OVERRIDES = {"humaneval": {"count": 4}}  # per-source changes, e.g. fewer evaluation prompts
+TOTAL = 400  # rows over the spec's weighted sources (None: the spec's own total)
+SOURCE_OVERRIDES = {"humaneval": {"count": 40}}  # per-source changes, e.g. fewer evaluation prompts
 EXAMPLES = 3  # example prompts to print per split
 
 # %%

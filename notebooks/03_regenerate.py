@@ -23,26 +23,26 @@
 # `transformers serve` of SmolLM2-135M, ~30 tok/s); full: the batch backend on one GPU.
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # the model that answers: embedded | tiny | local folder | file.gguf | Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # the model that answers: embedded | tiny | local folder | file.gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda: where the local server or the batch backend runs
 SEED = 0  # random seed (sampling seed sent with every request when TEMPERATURE > 0)
 BACKEND = "server"  # server: OpenAI-compatible server + async client | batch: static-batch generate (GPU)
 BASE_URLS = []  # running servers to use (e.g. SGLang); empty: start `transformers serve` for TARGET
 SERVED_MODEL = ""  # `model` field for BASE_URLS servers (empty: the local server's folder path)
 SPLITS = ["train", "val"]  # blend splits to regenerate
-MAX_TRAIN_ROWS = 8  # first N rows of the train split (0: all)
-MAX_VAL_ROWS = 4  # first N rows of the val split (0: all)
-MAX_TOKENS = 16  # max_tokens per answer
+MAX_TRAIN_ROWS = 80  # first N rows of the train split (0: all)
+MAX_VAL_ROWS = 16  # first N rows of the val split (0: all)
+MAX_TOKENS = 48  # max_tokens per answer
 TEMPERATURE = 0.0  # 0: greedy
 TOP_P = 1.0  # nucleus sampling
 STOP = []  # stop strings
 SYSTEM_POLICY = "keep"  # keep: as in the data | drop: remove system prompts | set: use SYSTEM_PROMPT
 SYSTEM_PROMPT = ""  # the system prompt used when SYSTEM_POLICY is set
 TRUNCATION = "keep_flag"  # answers cut at MAX_TOKENS: drop the row | keep_flag: keep, flagged in meta
-MAX_ASSISTANT_TURNS = 0  # regenerate at most N assistant turns per conversation (0: all)
-CONCURRENCY = 8  # in-flight requests per server
+MAX_ASSISTANT_TURNS = 1  # regenerate at most N assistant turns per conversation (0: all)
+CONCURRENCY = 16  # in-flight requests per server
 REQUEST_TIMEOUT = 300.0  # seconds per request
 MAX_RETRIES = 5  # retries per request (connection errors, 429, 5xx, malformed answers)
 BATCH_SIZE = 1024  # rows per generate call (batch backend)
@@ -57,6 +57,7 @@ from draftlab.regenerate import monitor
 from draftlab.run import notebook as nb
 
 run = nb.start("03_regenerate", globals())
+nb.needs(run, "02_blend")  # one line naming what to run first when 02 has not run in RUN_DIR
 
 # %% [markdown]
 # ## 1 · Inputs: the blend's prompts

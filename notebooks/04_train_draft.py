@@ -24,27 +24,27 @@
 # a quiet 2-core CPU; full: one H200, target < 15 min for 2 epochs over 20K conversations.
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # embedded (real weights) | tiny (random: figures stamped "not a result") | folder | .gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 ARCHS = ["eagle3", "eagle1"]  # eagle3: three captured layers + fc; eagle1: final hidden state only (ablation)
-TRAIN_SAMPLES = 0  # conversations used for training; 0: all of data/regen/train.jsonl
-VAL_SAMPLES = 8  # validation conversations (held out from train.jsonl when stage 03 wrote no val.jsonl)
-MAX_LEN = 256  # tokens per conversation
+TRAIN_SAMPLES = 80  # conversations used for training; 0: all of data/regen/train.jsonl
+VAL_SAMPLES = 12  # validation conversations (held out from train.jsonl when stage 03 wrote no val.jsonl)
+MAX_LEN = 384  # tokens per conversation
 OVERLONG = "truncate"  # truncate | drop: what happens to longer conversations (both are counted)
-DRAFT_VOCAB_SIZE = 512  # draft vocabulary (most frequent assistant tokens); 32000 for large data
-INTERMEDIATE_SIZE = 0  # draft MLP width; 0: the target's
-TTT_STEPS = 3  # training-time-test unroll (EAGLE-3 uses 7); loss weight 0.8^i
-EPOCHS = 2.0  # passes over the training conversations
+DRAFT_VOCAB_SIZE = 2048  # draft vocabulary (most frequent assistant tokens); 32000 for large data
+INTERMEDIATE_SIZE = 768  # draft MLP width; 0: the target's
+TTT_STEPS = 4  # training-time-test unroll (EAGLE-3 uses 7); loss weight 0.8^i
+EPOCHS = 1.0  # passes over the training conversations
 BATCH_TOKENS = 1024  # padded tokens per micro-batch
 MAX_BATCH = 16  # conversations per micro-batch at most
-LR = 1e-3  # AdamW peak learning rate (warmup 1.5%, cosine decay, grad clip 0.5)
+LR = 0.002  # AdamW peak learning rate (warmup 1.5%, cosine decay, grad clip 0.5)
 HIDDEN = "offline"  # offline: target states computed once to safetensors shards (shared by both archs); online
 SIDE_BY_SIDE = False  # with HIDDEN online: train the archs at once, one process each (a GPU is mostly idle under one)
 INIT_FROM_TARGET = False  # start lm_head and final norm from the target's rows; measured worse on quick
-EVAL_EVERY = 10  # optimizer steps between validation passes
+EVAL_EVERY = 8  # optimizer steps between validation passes
 SAVE_EVERY = 50  # optimizer steps between checkpoints (and one at the end)
 RESUME = True  # continue an interrupted (or reuse a finished) training in RUN_DIR/train/<arch>
 EXPORT_DTYPE = "bfloat16"  # dtype of the exported weights
@@ -58,6 +58,7 @@ from draftlab.run import notebook as nb
 from draftlab.train_draft import plot_step_accuracy, plot_training, stage
 
 run = nb.start("04_train_draft", globals())
+nb.needs(run, "03_regenerate")  # one line naming what to run first (03, and 02 before it)
 
 # %% [markdown]
 # ## 1 · Inputs: the regenerated conversations

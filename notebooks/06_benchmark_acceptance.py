@@ -24,22 +24,22 @@
 # answers) ~3 min on a quiet 2-core CPU; full: one H200, fp32, CUDA graphs, a few minutes.
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # embedded (real weights) | tiny (random: figures stamped "not a result") | folder | .gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed for everything in this notebook
 DTYPE = "float32"  # engine dtype; fp32 keeps the lossless check exact (bf16 flips near-ties)
 THREADS = 1  # torch CPU threads; 2 only on a quiet CPU (oversubscribed OpenMP threads made verify steps ~25x slower)
 EVAL_SETS = ["blend", "humaneval"]  # blend: RUN_DIR/data/blend/test.jsonl (notebook 02), humaneval, or a .jsonl
 SAMPLES = 2  # prompts per evaluation set (the first N)
-MAX_NEW_TOKENS = 12  # new tokens per answer at most
+MAX_NEW_TOKENS = 24  # new tokens per answer at most
 ARCHS = ["eagle3", "eagle1"]  # drafts from notebook 04 (RUN_DIR/drafts/<arch>)
 MAIN_STEPS = 3  # chain length S for the per-set comparison
-CHAIN_STEPS = [1, 2, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
-CHAIN_ARCHS = ["eagle3", "eagle1"]  # drafts swept over CHAIN_STEPS
-TREE = [2, 4]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
-FAST_DTYPE = ""  # also sweep CHAIN_STEPS with the first arch in this dtype (bfloat16: ~2x faster on a GPU); "" skips
+CHAIN_STEPS = [1, 3]  # chain lengths for the acceptance-by-S curve and the break-even fit (first set)
+CHAIN_ARCHS = ["eagle3"]  # drafts swept over CHAIN_STEPS
+TREE = [4, 8]  # [topk K, draft tokens D] for one tree run on the first set ([] to skip)
+FAST_DTYPE = "bfloat16"  # also sweep CHAIN_STEPS with the first arch in this dtype (bf16: ~2x faster on a GPU); "": no
 FAST_TREES = []  # [[K, D], ...] trees for the FAST_DTYPE runs ([] : TREE alone)
 WRONG_MODE = True  # also run the eagle3 draft as --speculative-algorithm EAGLE would (expect ~1.0)
 LIVE_BASELINE_URL = ""  # optional: a live SGLang baseline (same --max-running-requests as the speculative ones)
@@ -61,6 +61,7 @@ from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
 
 run = nb.start("06_benchmark_acceptance", globals())
+nb.needs(run, "04_train_draft", *(["02_blend"] if "blend" in EVAL_SETS else []))  # what to run first, in one line
 torch.set_num_threads(THREADS)
 
 # %% [markdown]

@@ -24,31 +24,31 @@
 # Resumable: each (architecture, size) is saved as soon as it is done and skipped on a rerun.
 
 # %% tags=["parameters"]
-RUN_DIR = "results/dev"  # folder of this run (the runner sets results/<run_id>)
-PROFILE = "smoke"  # smoke | quick | full (the runner sets it)
-TARGET = "tiny"  # embedded | tiny | local folder | file.gguf | Hugging Face Hub id
+RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
+PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
+TARGET = "embedded"  # embedded (real weights) | tiny (random: figures stamped "not a result") | folder | .gguf | Hub id
 DEVICE = "auto"  # auto | cpu | cuda
 SEED = 0  # random seed: the subsets' shuffle, training, bootstrap
-SIZES = [4, 8]  # nested subset sizes (training conversations); sizes above the data are capped to it
+SIZES = [4, 8, 16]  # nested subset sizes (training conversations); sizes above the data are capped to it
 ARCHS = ["eagle3", "eagle1"]  # architectures to train on every subset
 EPOCHS = 1.0  # epochs over each subset: the same training budget per sample for every size
 RECIPE_FROM_04 = False  # take the training recipe (epochs, lr, vocab, lengths, ...) from 04's checkpoint
-DRAFT_VOCAB_SIZE = 256  # draft vocabulary (most frequent assistant tokens of each subset)
-MAX_LEN = 128  # tokens per conversation (longer ones are truncated)
+DRAFT_VOCAB_SIZE = 512  # draft vocabulary (most frequent assistant tokens of each subset)
+MAX_LEN = 384  # tokens per conversation (longer ones are truncated)
 TTT_STEPS = 3  # training-time-test unroll; the simulated acceptance length is at most TTT_STEPS + 1
-BATCH_TOKENS = 512  # padded tokens per micro-batch
-MAX_BATCH = 8  # conversations per micro-batch at most
+BATCH_TOKENS = 768  # padded tokens per micro-batch
+MAX_BATCH = 4  # conversations per micro-batch at most
 LR = 0.001  # AdamW peak learning rate (warmup, cosine decay)
-INTERMEDIATE_SIZE = 0  # draft MLP width; 0 for the target's
-HIDDEN = "online"  # online: target forward in every step | offline: each subset's states stored once for both archs
+INTERMEDIATE_SIZE = 768  # draft MLP width; 0 for the target's
+HIDDEN = "offline"  # online: target forward in every step | offline: each subset's states stored once for both archs
 SIDE_BY_SIDE = False  # with HIDDEN online: train a subset's archs at once, one process each (as notebook 04)
 CHECKPOINT_EVERY = 100  # training steps between checkpoints (a killed run resumes from the last)
-VAL_SAMPLES = 4  # held-out conversations for the simulated acceptance length
-SPEC_PROMPTS = 1  # held-out prompts decoded for real (chain, reference engine); 0 skips it
+VAL_SAMPLES = 6  # held-out conversations for the simulated acceptance length
+SPEC_PROMPTS = 0  # held-out prompts decoded for real (chain, reference engine); 0 skips it
 SPEC_STEPS = 6  # chain length S for that decoding
 SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
 INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
-THREADS = 2  # torch CPU threads (1 is faster on a busy shared CPU)
+THREADS = 1  # torch CPU threads (1 is faster on a busy shared CPU)
 TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds; 0 for no limit
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
 GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
@@ -61,6 +61,7 @@ from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
 
 run = nb.start("07_data_scaling", globals())
+nb.needs(run, "03_regenerate", *(["04_train_draft"] if RECIPE_FROM_04 else []))  # what to run first, in one line
 work = run.dir / "scaling"
 
 # %% [markdown]

@@ -69,4 +69,7 @@ def test_curve_and_plot():
     fig, ax = plt.subplots()
     be.plot(ax, model, [2, 4], [{"steps": 4, "tokens_per_cycle": 3.0, "measured_speedup": 1.4}])
     assert len(ax.lines) == 3 and len(ax.collections) == 1
+    caption = " ".join(t.get_text() for t in ax.texts)  # v and c said in words under the plot (issue 20.8)
+    assert "v: the cost of one verify pass" in caption and "c: the cost of one draft step" in caption
+    assert "plain decoding steps" in caption and "L / (v + S·c)" in caption
     plt.close(fig)

@@ -109,26 +109,34 @@ def tracebacks(page) -> list[str]:
     return [t[:300] for t in texts if "Traceback (most recent call last)" in t or ERROR_LINE.search(t)]
 
 
-def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
-    """Notebook 00 on its defaults (the smoke profile; RUN_DIR moved into tmp) runs clean and draws its figure."""
-    root, run_dir = tmp_path / "root", tmp_path / "run"
-    (root / "notebooks").mkdir(parents=True)
+def with_run_dir(root: Path, stem: str, run_dir: Path) -> None:
+    """Copy notebook `stem` (and its twin) under root/notebooks with only RUN_DIR changed, as a user would."""
+    (root / "notebooks").mkdir(parents=True, exist_ok=True)
     for ext, old in (
-        (".ipynb", '\\"results/dev\\"'),
-        (".py", '"results/dev"'),
+        (".ipynb", '\\"results/lab\\"'),
+        (".py", '"results/lab"'),
     ):  # the .py last: jupytext wants it newest
-        source = (ROOT / "notebooks" / f"00_environment_check{ext}").read_text()
-        assert f"RUN_DIR = {old}" in source, f"00_environment_check{ext}: RUN_DIR default changed"
+        source = (ROOT / "notebooks" / f"{stem}{ext}").read_text()
+        assert f"RUN_DIR = {old}" in source, f"{stem}{ext}: RUN_DIR default changed"
         new = json.dumps(str(run_dir)) if ext == ".py" else json.dumps(json.dumps(str(run_dir)))[1:-1]
-        (root / "notebooks" / f"00_environment_check{ext}").write_text(
-            source.replace(f"RUN_DIR = {old}", f"RUN_DIR = {new}")
-        )
+        (root / "notebooks" / f"{stem}{ext}").write_text(source.replace(f"RUN_DIR = {old}", f"RUN_DIR = {new}"))
         time.sleep(1.1)
+
+
+def run_all(page) -> None:
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+
+
+def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
+    """Notebook 00 on its Lab defaults (the embedded target, quick; RUN_DIR moved into tmp) runs clean and draws
+    its figure."""
+    root, run_dir = tmp_path / "root", tmp_path / "run"
+    with_run_dir(root, "00_environment_check", run_dir)
     with running_lab(root, tmp_path) as lab:
         assert "draftlab" in lab.api("GET", "kernelspecs").json()["kernelspecs"], "no draftlab kernel: run make setup"
         page = open_in_lab(browser, lab, "notebooks/00_environment_check.ipynb")
-        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-        page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        run_all(page)
         if not wait_for_run_all(page, 240):  # the page as it was is the best error message
             shot = screenshot(page, tmp_path, "lab-00_environment_check-run-all-timeout.png")
             pytest.fail(f"Run All did not finish in 240 s: see {shot}")
@@ -142,7 +150,8 @@ def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
         assert all(p[1:-2].isdigit() for p in prompts), f"not every cell ran: {prompts} (see {shot})"
         assert not tracebacks(page), tracebacks(page)
         assert images and all(w > 0 for w in images), f"no figure rendered in an output area (see {shot})"
-        assert "00_environment_check" in json.loads((run_dir / "metrics.json").read_text())
+        assert json.loads((run_dir / "metrics.json").read_text())["00_environment_check"]["target"]["target"] != "tiny"
+        assert json.loads((run_dir / "run.json").read_text())["TARGET"] == "embedded"
         notebook = root / "notebooks" / "00_environment_check.ipynb"
         before = notebook.stat().st_mtime_ns
         page.keyboard.press("Control+s")
@@ -152,6 +161,29 @@ def test_run_all_of_environment_check_in_chromium(browser, tmp_path):
         saved = json.loads(notebook.read_text())
         assert notebook.stat().st_mtime_ns != before, "Ctrl+S saved nothing"
         assert all(not c.get("outputs") for c in saved["cells"] if c["cell_type"] == "code"), "saved with outputs"
+
+
+def test_run_all_of_a_stage_whose_input_is_missing_stops_with_one_line(browser, tmp_path):
+    """05 on its Lab defaults in a new run folder: Run All stops at once and says, in one line and no
+    traceback, which stages to run first (issue 20.1)."""
+    root, run_dir = tmp_path / "root", tmp_path / "lab"
+    with_run_dir(root, "05_flag_diagnosis", run_dir)
+    with running_lab(root, tmp_path) as lab:
+        page = open_in_lab(browser, lab, "notebooks/05_flag_diagnosis.ipynb")
+        run_all(page)
+        locator = page.locator(".jp-NotebookPanel .jp-OutputArea-output:has-text('StageMissing')")
+        try:
+            locator.first.wait_for(timeout=120_000)
+        except Exception:
+            shot = screenshot(page, tmp_path, "lab-05_flag_diagnosis-missing-stage-timeout.png")
+            pytest.fail(f"no StageMissing line after 120 s: see {shot}")
+        locator.first.scroll_into_view_if_needed()
+        shot = screenshot(page, tmp_path, "lab-05_flag_diagnosis-missing-stage.png")
+        text = locator.first.text_content().strip()
+        assert text.count("\n") == 0 and "Traceback" not in text, f"{text!r} ({shot})"
+        assert "run 02_blend, then 03_regenerate, then 04_train_draft first" in text, text
+        assert f"--run-id {run_dir.name}" in text
+        assert not list((run_dir / "figures").glob("05_*.png"))  # nothing drawn from a stand-in
 
 
 def test_published_executed_notebooks_show_their_figures_in_chromium(browser, tmp_path):

@@ -34,3 +34,15 @@ def test_a_new_torch_requirement_reinstalls_torch_and_draftlab(tmp_path):
     other = _dry_run(venv, "torch==2.11.0")
     assert 'pip install -q --disable-pip-version-check "torch==2.11.0"' in other
     assert '-e ".[dev]" "torch==2.11.0"' in other  # draftlab reinstalled against it
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
+def test_make_lab_takes_a_port_and_a_token(tmp_path):
+    """`make lab PORT=... TOKEN=...` (issue 20.8); without TOKEN, Lab makes its own and prints it."""
+    def lab(*extra):
+        return subprocess.run(["make", "-n", "-C", str(ROOT), "lab", f"VENV={tmp_path / 'venv'}", *extra],
+                              capture_output=True, text=True, check=True).stdout
+    given = lab("PORT=8890", "TOKEN=s3cret")
+    assert "--port=8890" in given and "--IdentityProvider.token=s3cret" in given and "--ip=127.0.0.1" in given
+    default = lab()
+    assert "--port=8888" in default and "IdentityProvider.token" not in default

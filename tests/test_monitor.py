@@ -82,11 +82,39 @@ def test_cli_prints_and_plots(work, capsys, tmp_path):
 
 def test_throughput_series_bins_tokens(work):
     w, now = work
-    t, tok_s, cum = monitor.throughput_series(w, bin_s=100)
-    assert cum[-1] == 14
-    assert sum(x * 100 for x in tok_s) == pytest.approx(6 * 10 + 6 * 25 + 2 * 64)
+    edges, tok_s, cum = monitor.throughput_series(w, bin_s=100)
+    assert cum[-1] == 14 and len(edges) == len(tok_s) + 1
+    widths = [b - a for a, b in zip(edges, edges[1:])]
+    assert sum(r * w for r, w in zip(tok_s, widths)) == pytest.approx(6 * 10 + 6 * 25 + 2 * 64)
+    assert all(w >= 100 for w in widths[:-1])
+
+
+def test_throughput_of_a_server_that_finishes_in_waves_has_no_stalls(tmp_path):
+    """A CPU server finishes its concurrent requests together: 8 rows every 30 s. Bins narrower than a wave
+    read as spikes with zeros between them (issue 20.8); the rate over each wave is what it served."""
+    rows = make_conversations(24)
+    w = tmp_path / "work"
+    (w / "shards").mkdir(parents=True)
+    (w / "manifest.json").write_text(json.dumps({"total": 24, "runs": [{"started": 1000.0, "pid": None}]}))
+    write_jsonl(w / "shards" / "part-00000.jsonl",
+                [_row(rows[i], 1000.0 + 30 * (1 + i // 8), [15]) for i in range(24)])
+    edges, tok_s, cum = monitor.throughput_series(w, bin_s=5)
+    assert tok_s == pytest.approx([8 * 15 / 30] * 3) and min(tok_s) > 0
+    assert edges == pytest.approx([0, 30, 60, 90]) and cum == [8, 16, 24]
+    fig = monitor.plot_throughput(w, bin_s=5)
+    assert "finished in each interval" in fig.axes[0].get_title()
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         monitor.summarize(tmp_path)
+
+
+def test_answer_lengths_plot_says_when_there_is_nothing_before():
+    """The offline blend holds prompts only: the before/after panel says "before: none" (issue 20.8)."""
+    fig = monitor.plot_finish_and_lengths({"train": {"length": 3}}, {"before": [], "after": [5, 9, 16]}, 16)
+    ax = fig.axes[1]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("before: none") for t in labels) and "no answers before" in ax.get_title()
+    both = monitor.plot_finish_and_lengths({"train": {"stop": 2}}, {"before": [4, 8], "after": [5, 9]}, 16)
+    assert both.axes[1].get_title() == "answer lengths before / after regeneration"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers_lab import png_text
 
 ROOT = Path(__file__).parents[1]
 STEMS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -56,6 +59,10 @@ def outputs(nb: dict):
             yield from cell.get("outputs", [])
 
 
+def as_text(value) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
 def lines(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
@@ -93,6 +100,54 @@ def test_executed_notebook_embeds_each_saved_figure(chain, stem):
     assert saved, f"{stem} saved no figure"
     shown = sum("image/png" in o.get("data", {}) for o in outputs(executed(run_dir, stem)))
     assert shown >= len(saved), f"{stem}: {len(saved)} figures saved ({saved}), {shown} embedded"
+
+
+PROGRESS_BAR = re.compile(r"\d+%\||it/s\]|IProgress not found|TqdmWarning")
+WITHOUT_WEIGHTS = ("00_environment_check", "01_dataset_discovery", "02_blend")  # shapes, a catalog, a blend
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_no_progress_bar_or_tqdm_warning_lands_on_stderr(chain, stem):
+    """Lab paints stderr pink: bars go to stdout as text, and tqdm.auto's ipywidgets warning is gone (issue 20.8)."""
+    bad = [as_text(o["text"])[:160] for o in outputs(executed(chain[0], stem)) if o.get("name") == "stderr"]
+    assert not [t for t in bad if PROGRESS_BAR.search(t)], f"{stem}: progress on stderr: {bad}"
+
+
+def test_the_run_folder_records_its_target_and_profile(chain):
+    record = json.loads((chain[0] / "run.json").read_text())
+    assert (record["TARGET"], record["PROFILE"]) == ("tiny", "smoke")
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_figures_of_random_weights_say_so(chain, stem):
+    """The smoke chain runs the tiny random target: every figure that measures it carries the label (issue 20.1)."""
+    for path in sorted((chain[0] / "figures").glob(f"{stem}_*.png")):
+        caveat = png_text(path).get("draftlab:caveat", "")
+        if stem in WITHOUT_WEIGHTS:
+            assert not caveat, f"{path.name}: {caveat}"
+        else:
+            assert caveat.startswith("random weights (tiny target): not a result"), f"{path.name}: {caveat!r}"
+
+
+def test_05_opened_with_only_run_dir_continues_the_run(chain, tmp_path):
+    """What a Lab user does: open 05 of an existing run and change only RUN_DIR (issue 20.2). The stage
+    takes TARGET, PROFILE and the smoke sizes from run.json and checks the chain's trained draft."""
+    import papermill
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(chain[0], run_dir, ignore=shutil.ignore_patterns("executed", "scaling"))
+    out = tmp_path / "05.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "05_flag_diagnosis.ipynb"), str(out),
+                               parameters={"RUN_DIR": str(run_dir)}, kernel_name="python3", cwd=str(ROOT),
+                               progress_bar=False)
+    first = "".join(as_text(o["text"]) for o in outputs(json.loads(out.read_text())) if o.get("name") == "stdout")
+    assert "from the run folder" in first and "TARGET='tiny'" in first and "PROFILE='smoke'" in first
+    m = json.loads((run_dir / "metrics.json").read_text())["05_flag_diagnosis"]
+    smoke = chain[2]["05_flag_diagnosis"]
+    assert "04" in m["draft_origin"] and m["doctor_on_draft"] == {"errors": 0, "warnings": 0, "problems": []}
+    assert m["widths"] == {"EAGLE": 64, "EAGLE3": 192}  # the tiny target's, not the embedded one's
+    assert m["acceptance_eval"]["prompts"] == smoke["EVAL_PROMPTS"]
+    assert m["acceptance_length"] == chain[1]["05_flag_diagnosis"]["acceptance_length"]  # the same run, again
 
 
 def test_00_environment_check(chain):

@@ -1,4 +1,5 @@
-"""Start JupyterLab on loopback the way `make lab` does (same config file), for tests that talk to it."""
+"""Start JupyterLab on loopback the way `make lab` does (same config file), for tests that talk to it;
+read the text a saved figure carries (png_text)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,16 @@ def running_lab(root: Path, tmp_path: Path, timeout_s: float = 90):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+def png_text(path: Path) -> dict:
+    """The tEXt chunks of a PNG (where matplotlib writes savefig's metadata)."""
+    data, out, pos = path.read_bytes(), {}, 8
+    while pos < len(data):
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + size]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        pos += 12 + size
+    return out

@@ -145,6 +145,18 @@ def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, t
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(title or f"break-even model: v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
     ax.legend(fontsize=7)
+    explain(ax)
+
+
+CAPTION = ("v: the cost of one verify pass, c: the cost of one draft step, both in plain decoding steps of the "
+           "target (fitted to the chain runs' timings). A cycle of S draft steps costs v + S·c and yields L tokens: "
+           "predicted speedup L / (v + S·c), break-even at L = v + S·c. Lines: the model; dots: measured runs.")
+
+
+def explain(ax) -> None:
+    """The caption under a break-even plot: what v and c are and how the curves follow from them."""
+    ax.text(0.0, -0.16, CAPTION, transform=ax.transAxes, fontsize=7, va="top", ha="left", wrap=True,
+            color="dimgray")
 
 
 def as_dict(model: CostModel) -> dict:

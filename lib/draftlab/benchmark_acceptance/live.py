@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from draftlab.core.acceptance import acceptance_length as core_acceptance
+from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl
 from draftlab.core.serve import sglang_speculative_command, sglang_target_command
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
@@ -190,8 +191,6 @@ def bench_endpoint(url: str, prompts: list[list[dict]], *, label: str = "", mode
                    meta_info: bool = True, timeout: float = 600.0, progress: bool = True,
                    transport: httpx.AsyncBaseTransport | None = None) -> list[Window]:
     """Warm-up, then `repeats` flushed windows per concurrency level over all `prompts`."""
-    from tqdm.auto import tqdm
-
     url = url.rstrip("/")
     windows = []
     meta = {"send": meta_info}

@@ -1,7 +1,17 @@
 """Tables and figures of reference-engine runs (notebook 06): rows are `engine.public(compare(...))`
-dicts, each naming its evaluation set and sample count."""
+dicts, each naming its evaluation set and sample count.
+
+`python -m draftlab.benchmark_acceptance.report RUN_DIR` redraws a run's speedup-by-chain figure
+from its metrics.json into RUN_DIR/figures/readme/ (what README.md shows; `make readme`), with
+the rows' sha256 in the PNG, so a test can tell the figure was drawn from those numbers.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
 
 
 def label(row: dict) -> str:
@@ -72,22 +82,61 @@ def plot_acceptance_by_chain(rows: list[dict]):
     return fig
 
 
-def plot_speedup_by_chain(rows: list[dict]):
-    """Measured speedup over greedy decoding in the same engine and dtype, against chain length S."""
+def run_point(row: dict) -> tuple:
+    """(S, K, D, speedup, identical outputs, samples) of a run: an engine.public row or a table row
+    (metrics.json's `by_chain`, `tree`, `by_chain_fast_dtype`, where lossless reads "k/n")."""
+    if "num_steps" in row:
+        return (row["num_steps"], row["topk"], row["num_draft_tokens"], row["speedup"], row["identical_outputs"],
+                row["samples"])
+    same, _, n = str(row["lossless"]).partition("/")
+    return row["S"], row["K"], row["D"], row["speedup"], int(same), int(n or row["samples"])
+
+
+NOT_LOSSLESS = "not lossless: k/n outputs identical to greedy (no speedup claim)"
+
+
+def plot_speedup_by_chain(rows: list[dict], note: str = ""):
+    """Measured speedup over greedy decoding in the same engine and dtype, against chain length S.
+
+    Chains are lines; each tree (topk K > 1, D verified tokens) is its own marker at its S, never a
+    point of a chain's line. A run whose outputs were not all identical to greedy is drawn hollow
+    with a red edge and labelled k/n: it is not lossless, so its speed is not a speedup."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for key in dict.fromkeys((r["eval_set"], r.get("arch", ""), r["dtype"]) for r in rows):
-        pts = sorted(
-            (r["num_steps"], r["speedup"]) for r in rows if (r["eval_set"], r.get("arch", ""), r["dtype"]) == key
-        )
-        n = next(r["samples"] for r in rows if r["eval_set"] == key[0])
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[1]} ({key[2]}) on {key[0]} (n={n})")
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    tree_markers = "s^Dv<>p*"
+    lossy = False
+    def key_of(r):  # a tree's arch may read "eagle3 tree K=4 D=16": it belongs with eagle3's runs
+        return r["eval_set"], str(r.get("arch", "")).split(" ")[0], r["dtype"]
+
+    for key in dict.fromkeys(key_of(r) for r in rows):
+        group = [r for r in rows if key_of(r) == key]
+        points = [run_point(r) for r in group]
+        chains = sorted(p for p in points if p[1] == 1)
+        line, = ax.plot([p[0] for p in chains], [p[3] for p in chains], "-", zorder=2,
+                        label=f"{key[1]} chain ({key[2]}) on {key[0]} (n={group[0]['samples']})" if chains else None)
+        trees = sorted(p for p in points if p[1] > 1)
+        marked = [("o", p) for p in chains] + [(tree_markers[i % len(tree_markers)], p) for i, p in enumerate(trees)]
+        for marker, (steps, k, d, speedup, same, n) in marked:
+            ok = same == n
+            lossy |= not ok
+            color = line.get_color()
+            ax.scatter([steps], [speedup], marker=marker, s=42, zorder=3, linewidths=1.6,
+                       facecolors=color if ok else "white", edgecolors=color if ok else "tab:red")
+            if not ok:
+                ax.annotate(f"{same}/{n}", (steps, speedup), textcoords="offset points", xytext=(6, 4), fontsize=7,
+                            color="tab:red")
+            if k > 1:
+                ax.scatter([], [], marker=marker, color=color,
+                           label=f"{key[1]} tree K={k} D={d} at S={steps} ({key[2]})")
+    if lossy:
+        ax.scatter([], [], marker="o", facecolors="white", edgecolors="tab:red", linewidths=1.6, label=NOT_LOSSLESS)
     ax.axhline(1.0, color="grey", ls=":", label="greedy decoding")
+    ax.margins(x=0.1)  # room for the k/n labels
     ax.set_xlabel("chain length S (draft steps)")
     ax.set_ylabel("speedup over greedy (same engine, dtype)")
-    ax.set_title("batch-1 speedup by chain length")
-    ax.legend(fontsize=7)
+    ax.set_title("batch-1 speedup by chain length" + (f"\n{note}" if note else ""), fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -126,3 +175,41 @@ def plot_throughput(rows: list[dict]):
     ax.set_title(f"throughput on {rows[0]['device']} ({rows[0]['dtype']})")
     ax.legend(fontsize=7)
     return fig
+
+
+README_FIGURE = "figures/readme/06_speedup_by_chain.png"
+
+
+def speedup_rows(metrics06: dict) -> list[dict]:
+    """The rows a speedup-by-chain figure draws, from metrics.json's 06 section: every EAGLE-3 run on
+    the first evaluation set in DTYPE and FAST_DTYPE, chains and trees."""
+    first = next(iter(metrics06.get("eval_sets") or {}), None)
+    rows = [r for name in ("by_chain", "tree", "by_chain_fast_dtype") for r in metrics06.get(name) or []]
+    return [r for r in rows if r.get("eval_set") == first and str(r.get("arch", "")).startswith("eagle3")
+            and r.get("mode", "EAGLE3") == "EAGLE3" and r.get("speedup") is not None]
+
+
+def rows_digest(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def replot_speedup_by_chain(run_dir: str | Path) -> Path:
+    """RUN_DIR/figures/readme/06_speedup_by_chain.png from RUN_DIR/metrics.json (no engine run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = speedup_rows(json.loads((run_dir / "metrics.json").read_text())["06_benchmark_acceptance"])
+    fig = plot_speedup_by_chain(rows, note=f"{run_dir.name}: drawn from metrics.json by `make readme`")
+    out = run_dir / README_FIGURE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"draftlab:rows_sha256": rows_digest(rows)})
+    plt.close(fig)
+    return out
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:] or sys.exit("usage: python -m draftlab.benchmark_acceptance.report RUN_DIR ..."):
+        print(replot_speedup_by_chain(arg))

@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 
 from draftlab.blend.spec import SPLITS
+from draftlab.core.progress import tqdm
 
 # ------------------------------------------------------------------------------ text helpers
 
@@ -91,8 +92,6 @@ class TokenCounter:
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, unit="row", mininterval=1.0)
 
 

@@ -15,6 +15,10 @@ class DraftlabError(Exception):
 
     exit_code = 1
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (JupyterLab, papermill) shows instead of a traceback: the one line a command prints."""
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {' '.join(str(self).split())}"]
+
 
 class InputError(DraftlabError, ValueError):
     """Bad input: a file, row, field, flag or work folder that cannot be used as given."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from draftlab.core.acceptance import acceptance_length
+from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl, validate_conversation
 from draftlab.data_scaling.plan import ScalingError
 from draftlab.engine import SpecConfig, encode_prompts, graphed_engine
@@ -34,7 +35,6 @@ class HeldOut:
 
     def __init__(self, target, val_ds, layers, progress: bool = True):
         import torch
-        from tqdm.auto import tqdm
 
         self.layers = list(layers)
         self.items = []
@@ -64,7 +64,6 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     """
     import torch
     import torch.nn.functional as F
-    from tqdm.auto import tqdm
 
     if draft.use_aux and draft_layers(target, draft) != held.layers:
         raise ScalingError(f"draft captures layers {draft_layers(target, draft)}, held-out states hold {held.layers}")
@@ -106,8 +105,6 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
     need = max(len(p) for p in prompt_ids) + max_new_tokens + steps + 4
     engine = graphed_engine(target, draft, cfg, need, prompt_ids[0], [len(p) for p in prompt_ids])
     try:
-        from tqdm.auto import tqdm
-
         results = [engine.speculative(p) for p in tqdm(prompt_ids, desc=f"chain S={steps}", disable=not progress,
                                                        leave=False)]
     finally:

@@ -11,6 +11,7 @@ import weakref
 from dataclasses import asdict, replace
 
 from draftlab.core.acceptance import acceptance_length
+from draftlab.core.progress import tqdm
 from draftlab.engine.runners import SpecConfig
 from draftlab.engine.spec import PromptResult, SpecEngine, _sync
 from draftlab.model.target import render_chat
@@ -66,8 +67,6 @@ def summarize(results: list[PromptResult], num_steps: int | None = None) -> dict
 
 def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bool, progress: bool = True,
                 desc: str | None = None) -> list[PromptResult]:
-    from tqdm.auto import tqdm
-
     fn = engine.speculative if speculative else engine.greedy
     return [fn(p) for p in tqdm(prompt_ids, desc=desc or ("speculative" if speculative else "greedy"),
                                 disable=not progress)]

@@ -15,8 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
+from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, read_jsonl, validate_conversation, write_jsonl
 from draftlab.model.target import render_chat
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from draftlab.core.files import atomic_path, atomic_write_json
+from draftlab.core.progress import tqdm
 from draftlab.model.target import text_config
 
 
@@ -162,7 +163,6 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
     from pathlib import Path
 
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -229,9 +229,23 @@ def resolve_path(spec: str) -> Path:
         ) from exc
 
 
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device_name(device, where: str = "device") -> str:
+    """A DEVICE value draftlab can use (auto, cpu, cuda, cuda:N), checked without importing torch."""
+    ok = isinstance(device, str) and (
+        device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
+    )
+    if not ok:
+        raise TargetError(f"{where} {device!r} is not a device: use {DEVICE_NAMES}")
+    return device
+
+
 def resolve_device(device: str = "auto") -> str:
     import torch
 
+    check_device_name(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():

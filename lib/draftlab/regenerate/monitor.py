@@ -173,9 +173,11 @@ def _eta_line(s: dict) -> str:
 
 
 def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
-    """(bin start in seconds since the first run began, tokens/s in the bin, rows finished
-    by the end of the bin). Default bins: a twelfth of the span, at least 5 s (a CPU server
-    finishes its batch of requests together, so narrow bins look like spikes)."""
+    """(interval starts in seconds since the first run began, output tokens/s over each interval,
+    rows finished by its end). Each interval ends at a finished row and lasts at least `bin_s`
+    (default: a twelfth of the span, at least 5 s), so tokens are spread over the time in which they
+    were generated: a server that finishes its concurrent requests together (a CPU server, a batch
+    backend's chunks) reads as its real rate, not as spikes with stalls at zero between them."""
     work = Path(work)
     ev = _events(work)
     items = sorted(v for v in {**ev["done"], **ev["dropped"]}.values() if v[0])
@@ -189,38 +191,41 @@ def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
         pass
     if bin_s is None:
         bin_s = max(5.0, (t1 - t0) / 12)
-    nbins = int((t1 - t0) // bin_s) + 1
-    toks, rows = [0.0] * nbins, [0] * nbins
-    for t, tok, _ in items:
-        k = int((t - t0) // bin_s)
-        toks[k] += tok
-        rows[k] += 1
-    cum, acc = [], 0
-    for r in rows:
-        acc += r
-        cum.append(acc)
-    return [k * bin_s for k in range(nbins)], [x / bin_s for x in toks], cum
+    starts, rates, cum = [], [], []
+    start, tokens, rows = t0, 0.0, 0
+    for k, (t, tok, _) in enumerate(items):
+        tokens += tok
+        rows += 1
+        last = k == len(items) - 1
+        if last or (t - start >= bin_s and items[k + 1][0] > t):  # never split rows finished at the same time
+            end = max(t, start + 1e-9)
+            starts.append(start - t0)
+            rates.append(tokens / (end - start))
+            cum.append(rows)
+            start, tokens = end, 0.0
+    starts.append(start - t0)  # the end of the last interval, for plotting
+    return starts, rates, cum
 
 
 def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None):
-    """Figure: output tokens/s per time bin, with finished rows on a second axis."""
+    """Figure: output tokens/s over each interval between finished rows, with finished rows on a second axis."""
     import matplotlib.pyplot as plt
 
-    t, tok_s, cum = throughput_series(work, bin_s)
+    edges, tok_s, cum = throughput_series(work, bin_s)
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 3.5))
     else:
         fig = ax.figure
-    width = (t[1] - t[0]) if len(t) > 1 else 1.0
-    mins = [x / 60 for x in t] + ([(t[-1] + width) / 60] if t else [])
+    mins = [x / 60 for x in edges]
     ax.stairs(tok_s, mins, color="tab:blue", label="output tok/s", fill=True, alpha=0.35)
     ax.set_xlabel("minutes since the run began")
     ax.set_ylabel("output tokens/s", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(mins, [0] + cum if t else [], color="tab:orange", marker=".", label="rows finished")
+    ax2.plot(mins, [0] + cum if tok_s else [], color="tab:orange", marker=".", label="rows finished")
     ax2.set_ylabel("rows finished", color="tab:orange")
     ax2.set_ylim(bottom=0)
-    ax.set_title(f"regeneration throughput: {Path(work).name}")
+    ax.set_title(f"regeneration throughput: {Path(work).name}\n(tokens of the rows finished in each interval, "
+                 "over its length)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -285,11 +290,14 @@ def plot_finish_and_lengths(finish: dict, lengths: dict, max_tokens: int | None 
         if lengths[key]:
             ax2.hist(lengths[key], bins=bins, alpha=0.55, color=color,
                      label=f"{key} (n={len(lengths[key])})")
+    if not lengths["before"]:  # a prompt-only blend (the offline docstring one): nothing to compare with
+        ax2.plot([], [], " ", label="before: none (the blend's rows\nare prompts without answers)")
     if max_tokens:
         ax2.axvline(max_tokens, color="tab:red", ls="--", lw=1, label=f"max_tokens {max_tokens}")
     ax2.set_xlabel("answer length (target tokens)")
     ax2.set_ylabel("answers")
-    ax2.set_title("answer lengths before / after regeneration")
-    ax2.legend()
+    ax2.set_title("answer lengths before / after regeneration" if lengths["before"]
+                  else "answer lengths after regeneration (no answers before)")
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from draftlab.core.errors import InputError, RunFailure
 from draftlab.core.files import atomic_write_json
+from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, jsonl_line, jsonl_lines, write_jsonl
 from draftlab.regenerate.config import RegenConfig
 
@@ -331,8 +332,6 @@ class Progress:
     def __init__(self, stats: RunStats, enabled: bool, desc: str = "regenerate"):
         self.stats, self.bar, self.last = stats, None, 0.0
         if enabled:
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(total=stats.total, initial=stats.skipped, unit="row", desc=desc,
                             dynamic_ncols=True, smoothing=0.1)
 

@@ -8,15 +8,18 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_root
-from draftlab.model.target import resolve_device
+from draftlab.model.target import check_device_name, resolve_device
+from draftlab.run import settings
+from draftlab.run.settings import StageMissing  # noqa: F401 (what `needs` raises; notebooks may catch it)
 
 REQUIRED_PARAMETERS = ("RUN_DIR", "PROFILE", "TARGET", "DEVICE", "SEED")
 
 
-class ParameterError(ValueError):
-    """A notebook got a parameter it does not declare, or one of the wrong type."""
+class ParameterError(InputError):
+    """A notebook got a parameter it does not declare, or one of the wrong type (one line in Lab too)."""
 
 
 def notebooks_dir() -> Path:
@@ -64,6 +67,7 @@ class Run:
     dir: Path
     params: dict
     device: str
+    caveat: str | None = None  # "random weights ...: not a result" on a random target; every figure carries it
 
     @property
     def figures(self) -> Path:
@@ -84,11 +88,13 @@ class Run:
 
 
 def start(name: str, namespace: dict) -> Run:
-    """Validate this notebook's parameters (papermill only warns on unknown ones), seed, make folders."""
+    """Validate this notebook's parameters (papermill only warns on unknown ones), take the run folder's
+    settings (run.json: TARGET, PROFILE and that profile's sizes, for parameters left at their defaults),
+    seed, make folders. `namespace` is the notebook's globals(): what the run folder decides is set there."""
     params = {k: v for k, v in namespace.items() if k.isupper() and not k.startswith("_")}
     source = notebook_path(name)
-    if source.exists():
-        declared = declared_parameters(source)
+    declared = declared_parameters(source) if source.exists() else {}
+    if declared:
         unknown = sorted(set(params) - set(declared))
         if unknown:
             raise ParameterError(f"{name}: unknown parameter(s) {unknown}; this notebook takes {sorted(declared)}")
@@ -97,13 +103,30 @@ def start(name: str, namespace: dict) -> Run:
     missing = [k for k in REQUIRED_PARAMETERS if k not in params]
     if missing:
         raise ParameterError(f"{name}: the parameters cell must define {missing}")
+    check_device_name(params["DEVICE"], where=f"{name}: DEVICE")
     root = repo_root()
     run_dir = Path(params["RUN_DIR"])
     if not run_dir.is_absolute() and root is not None:
         run_dir = root / run_dir
+    taken = settings.adopt(run_dir, name, params, declared)
+    if taken:
+        namespace.update(taken)
+        params.update(taken)
+        print(f"{params['RUN_DIR']}: from the run folder ({settings.RUN_FILE}, the {params['PROFILE']} profile): "
+              + ", ".join(f"{k}={v!r}" for k, v in taken.items()))
     (run_dir / "figures").mkdir(parents=True, exist_ok=True)
+    settings.write_run_settings(run_dir, params, written_by=name)
+    caveat = settings.caveat(params["TARGET"]) if name not in settings.NO_WEIGHTS else None
+    if caveat:
+        print(f"TARGET={params['TARGET']!r} has random weights: every figure of this run is stamped "
+              f"'{caveat}'. For the real story use TARGET='embedded' (README: Lab defaults).")
     seed_everything(int(params["SEED"]))
-    return Run(name=name, dir=run_dir, params=params, device=resolve_device(params["DEVICE"]))
+    return Run(name=name, dir=run_dir, params=params, device=resolve_device(params["DEVICE"]), caveat=caveat)
+
+
+def needs(run: Run, *stages: str) -> None:
+    """Stop here, in one line, when an earlier stage has not written its output in RUN_DIR (StageMissing)."""
+    settings.require(run.dir, *stages)
 
 
 def seed_everything(seed: int) -> None:
@@ -115,11 +138,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def save_figure(run: Run, fig, label: str) -> Path:
-    """Save a figure as RUN_DIR/figures/<notebook>_<label>.png (what the README links to)."""
+def save_figure(run: Run, fig, label: str, caveat: str | None = None) -> Path:
+    """Save a figure as RUN_DIR/figures/<notebook>_<label>.png (what the README links to).
+
+    A run on random weights (run.caveat), or a figure with its own `caveat` (an untrained draft), is
+    stamped across every panel and in its title, so it cannot be read as a result; the PNG records it
+    under "draftlab:caveat"."""
+    caveat = "; ".join(c for c in (run.caveat, caveat) if c)
+    if caveat:
+        stamp(fig, caveat)
     path = run.figures / f"{run.name}_{label}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"draftlab:caveat": caveat} if caveat else None)
     return path
+
+
+def stamp(fig, caveat: str) -> None:
+    """A red banner above the figure and a watermark across each panel: '<caveat>'."""
+    if getattr(fig, "_draftlab_caveat", None) == caveat:
+        return
+    fig._draftlab_caveat = caveat
+    fig.text(0.5, 1.02, caveat, ha="center", va="bottom", color="white", fontsize=10, fontweight="bold",
+             bbox={"facecolor": "tab:red", "edgecolor": "none", "pad": 3})
+    panels = {}
+    for ax in fig.axes:  # a twinx axis shares its panel: one watermark per panel
+        panels.setdefault(tuple(round(x, 3) for x in ax.get_position().bounds), ax)
+    for ax in panels.values():
+        ax.text(0.5, 0.5, caveat.split(":")[0].replace(" (", "\n("), transform=ax.transAxes, ha="center",
+                va="center", rotation=20, fontsize=13, color="tab:red", alpha=0.28, fontweight="bold", zorder=10)
 
 
 def save_metrics(run: Run, metrics: dict) -> Path:

@@ -2,7 +2,9 @@
 
 params/<profile>.yaml has a `common:` section (keys every notebook declares, such as TARGET) and
 one section per notebook stem. Every key is checked against the notebooks' `parameters` cells
-before anything runs, since papermill itself only warns about unknown parameters.
+before anything runs, since papermill itself only warns about unknown parameters. An existing run
+folder's run.json (draftlab.run.settings) gives the profile and TARGET of a rerun; a different one
+given here is an error before anything runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from pathlib import Path
 import yaml
 
 from draftlab import __version__
+from draftlab.core.errors import InputError
 from draftlab.core.paths import repo_root
+from draftlab.model.target import check_device_name
+from draftlab.run import settings
 from draftlab.run.notebook import (
     ParameterError,
     check_value,
@@ -26,8 +31,9 @@ from draftlab.run.notebook import (
     merge_metrics,
     notebooks_dir,
 )
+from draftlab.run.settings import PROFILES
 
-PROFILES = ("smoke", "quick", "full")
+DEFAULT_PROFILE = "quick"
 
 
 def all_notebooks() -> list[Path]:
@@ -51,13 +57,10 @@ def select_notebooks(names: list[str]) -> list[Path]:
 
 
 def load_profile(profile: str, params_dir: Path | None = None) -> dict:
-    path = (params_dir or repo_root() / "params") / f"{profile}.yaml"
-    if not path.is_file():
-        raise ParameterError(f"{path}: no such profile; choose one of {PROFILES}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ParameterError(f"{path}: must be a mapping of sections")
-    return {section: (values or {}) for section, values in data.items()}
+    try:
+        return settings.load_profile(profile, params_dir)
+    except InputError as exc:
+        raise ParameterError(str(exc)) from None
 
 
 def _suggest(name: str, options) -> str:
@@ -97,6 +100,11 @@ def resolve_parameters(notebooks: list[Path], profile: dict, overrides: dict, pr
         values["PROFILE"] = profile_name
         for key, value in values.items():
             check_value(key, value, declared[key], nb.stem)
+        if "DEVICE" in values:
+            try:
+                check_device_name(values["DEVICE"], where=f"{nb.stem}: DEVICE")
+            except InputError as exc:
+                raise ParameterError(str(exc)) from None
         resolved[nb.stem] = values
     return resolved
 
@@ -110,25 +118,48 @@ def git_commit() -> str:
         return "unknown"
 
 
+def run_folder_settings(run_dir: Path, profile_name: str | None, overrides: dict) -> tuple[str, dict]:
+    """(profile, overrides) for a run into `run_dir`: an existing run's own profile and TARGET unless
+    given; given ones that differ from the run's are a ParameterError (a stage of one run on another
+    target would mix two runs in one folder)."""
+    have = settings.run_settings(run_dir) or {}
+    overrides = dict(overrides)
+    if profile_name is None:
+        profile_name = have.get("PROFILE") or DEFAULT_PROFILE
+    elif have.get("PROFILE") not in (None, profile_name):
+        raise ParameterError(f"{run_dir} is a run of the {have['PROFILE']} profile ({settings.RUN_FILE}): "
+                             f"--profile {profile_name} would mix two runs; drop --profile, or use a new --run-id")
+    if "TARGET" in have:
+        if overrides.get("TARGET", have["TARGET"]) != have["TARGET"]:
+            raise ParameterError(f"{run_dir} is a run of TARGET={have['TARGET']!r} ({settings.RUN_FILE}): "
+                                 f"-p TARGET {overrides['TARGET']} would mix two runs; drop it, or use a new --run-id")
+        overrides["TARGET"] = have["TARGET"]
+    return profile_name, overrides
+
+
 def run_notebooks(
     names: list[str],
-    profile_name: str,
+    profile_name: str | None,
     overrides: dict | None = None,
     run_id: str | None = None,
     results_dir: Path | None = None,
     kernel_name: str = "python3",
 ) -> Path:
-    """Execute notebooks into results/<run_id>/executed/; returns the run folder."""
+    """Execute notebooks into results/<run_id>/executed/; returns the run folder. profile_name None:
+    the run folder's own (run.json), else the default (quick)."""
     import papermill
 
     notebooks = select_notebooks(names)
-    profile = load_profile(profile_name)
-    run_id = run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{profile_name}"
+    run_id = run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{profile_name or DEFAULT_PROFILE}"
     run_dir = (results_dir or repo_root() / "results") / run_id
-    params = resolve_parameters(notebooks, profile, overrides or {}, profile_name)
+    profile_name, overrides = run_folder_settings(run_dir, profile_name, overrides or {})
+    profile = load_profile(profile_name)
+    params = resolve_parameters(notebooks, profile, overrides, profile_name)
     for nb_params in params.values():
         nb_params["RUN_DIR"] = str(run_dir)
     (run_dir / "executed").mkdir(parents=True, exist_ok=True)
+    first = next(iter(params.values()))
+    settings.write_run_settings(run_dir, first, written_by=f"draftlab run ({notebooks[0].stem})")
     (run_dir / "figures").mkdir(exist_ok=True)
     record = {
         "run_id": run_id,
@@ -179,7 +210,9 @@ def parse_overrides(pairs: list[list[str]] | None) -> dict:
 def add_run_parser(subparsers) -> None:
     p = subparsers.add_parser("run", help="execute notebooks headlessly with papermill under a profile")
     p.add_argument("notebooks", nargs="*", help="notebooks to run (e.g. 00 or 00_environment_check); default all")
-    p.add_argument("--profile", choices=PROFILES, default="quick")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help=f"parameter profile (params/PROFILE.yaml); default: an existing run's own (run.json), "
+                        f"else {DEFAULT_PROFILE}")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a parameter")
     p.add_argument("--run-id", help="results/<run_id> (default: timestamp-profile); reuse one to rerun a stage")
     p.add_argument("--results", type=Path, help="results folder (default: <repo>/results)")

@@ -151,7 +151,8 @@ def goals(s: dict, table=GOALS) -> list[dict]:
 
 
 def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> str:
-    fmt = lambda v: "not measured" if v is None else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")  # noqa: E731
+    fmt = lambda v: "not measured" if v is None else (  # noqa: E731
+        f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))  # "0.5.17"
     lines = ["# Reference run: the embedded target on one H200", "",
              "Full profile (`params/full.yaml`), run with `scripts/gpu/step.sh` on one NVIDIA H200; every number "
              "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "

@@ -14,7 +14,7 @@ import torch.utils.checkpoint
 from draftlab.model.export import export_draft, validate
 from draftlab.model.target import TargetError, read_config
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
-from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.config import TrainConfig, field_comments
 from draftlab.train_draft.loop import train
 from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
 
@@ -25,15 +25,18 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
     choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"],
                "attention": list(ATTENTION_KERNELS)}
+    notes = field_comments()  # each field's comment in train_draft/config.py
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = f"{notes.get(f.name, '')} (default: {default!r})".replace("%", "%%")
         if isinstance(default, bool):
-            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default, metavar="BOOL")
+            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default, metavar="BOOL",
+                            help=text)
         elif isinstance(default, list):
-            ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER")
+            ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER", help=text)
         else:
-            ap.add_argument(flag, type=type(default), default=default, choices=choices.get(f.name))
+            ap.add_argument(flag, type=type(default), default=default, choices=choices.get(f.name), help=text)
     ap.add_argument("--resume", action="store_true", help="continue from OUT_DIR's latest checkpoint, exactly")
     ap.add_argument("--export", default="", help="after training, export the draft here (rank 0) and validate it")
     ap.set_defaults(func=_train_main)

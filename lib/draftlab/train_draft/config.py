@@ -7,7 +7,12 @@ read it from this dataclass instead of repeating the numbers.
 from __future__ import annotations
 
 import dataclasses
+import io
+import re
+import tokenize
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 
 @dataclass
@@ -17,39 +22,37 @@ class TrainConfig:
     out_dir: str = "results/dev/train/eagle3"  # logs, checkpoints, vocab.json
     target: str = "tiny"  # target spec for draftlab.model.target.load_target
     arch: str = "eagle3"  # eagle3 (three aux states + fc) or eagle1 (final state only, no fc)
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     capture_layers: list = field(default_factory=list)  # empty: SGLang default [2, N//2, N-3]
-    draft_vocab_size: int = 32000
-    intermediate_size: int = 0  # 0: the target's
+    draft_vocab_size: int = 32000  # draft vocabulary: the most frequent assistant tokens (d2t/t2d maps)
+    intermediate_size: int = 0  # draft MLP width; 0: the target's
     init_from_target: bool = False  # lm_head rows and final norm from the target (worse on quick: notes/issue5.md)
     max_len: int = 2048  # tokens per conversation
-    overlong: str = "truncate"  # or "drop"
-    max_train_samples: int = 0  # 0: all
-    max_val_samples: int = 256
-    epochs: float = 2.0
+    overlong: str = "truncate"  # conversations longer than max_len: truncate | drop
+    max_train_samples: int = 0  # training conversations at most; 0: all
+    max_val_samples: int = 256  # validation conversations at most
+    epochs: float = 2.0  # passes over the training conversations
     batch_tokens: int = 16384  # padded tokens per micro-batch (per process)
     max_batch: int = 64  # sequences per micro-batch at most
-    grad_accum: int = 1
-    ttt_steps: int = 7
-    step_decay: float = 0.8
-    lr: float = 1e-4
-    warmup_ratio: float = 0.015
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    hidden: str = "online"  # online | offline
+    grad_accum: int = 1  # micro-batches per optimizer step
+    ttt_steps: int = 7  # training-time-test unroll: draft positions trained per step
+    step_decay: float = 0.8  # loss weight of unroll position i is step_decay**i
+    lr: float = 1e-4  # AdamW peak learning rate
+    warmup_ratio: float = 0.015  # share of the steps spent warming the learning rate up (then cosine decay)
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 0.5  # gradient norm clip
+    hidden: str = "online"  # target states: online (a target forward every step) | offline (stored once)
     hidden_dir: str = ""  # offline shards (default: <out_dir>/../hidden/<split>)
     hidden_dtype: str = "auto"  # offline storage: auto = bfloat16 on GPU, float32 on CPU
-    log_every: int = 10
-    eval_every: int = 200
-    save_every: int = 500
-    keep_checkpoints: int = 2
+    log_every: int = 10  # optimizer steps between lines of train.log
+    eval_every: int = 200  # optimizer steps between validation passes
+    save_every: int = 500  # optimizer steps between checkpoints (and one at the end)
+    keep_checkpoints: int = 2  # checkpoints kept in out_dir (older ones are deleted)
     stop_after: int = 0  # stop after this many steps in this call (simulated crash / time box); 0: run to the end
-    seed: int = 0
+    seed: int = 0  # random seed (data order, initialisation)
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)
-    attention: str = (
-        "auto"  # SDPA kernel: auto (torch's choice, cuDNN's off on CUDA) | cudnn | efficient | flash | math
-    )
+    attention: str = "auto"  # SDPA kernel: auto (torch picks; cuDNN off on CUDA) | cudnn | efficient | flash | math
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -58,3 +61,19 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {sorted(unknown)}; known: {sorted(names)}")
         return cls(**d)
+
+
+FIELD_LINE = re.compile(r"^    (\w+): [^=]+=")
+
+
+@cache
+def field_comments() -> dict[str, str]:
+    """{field: the comment on its line} of TrainConfig, read from this module's source: `draftlab train`'s
+    help text, kept in one place with each default."""
+    source = Path(__file__).read_text()
+    names = {i: m.group(1) for i, line in enumerate(source.splitlines(), 1) if (m := FIELD_LINE.match(line))}
+    out = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.start[0] in names:
+            out[names[tok.start[0]]] = tok.string.lstrip("# ").strip()
+    return out

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from draftlab.core.files import atomic_write_json
+from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftlab.core.progress import tqdm
 from draftlab.model.chat_data import load_tokenized
 from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
@@ -76,8 +77,6 @@ def _total_steps(log: Path) -> int | None:
 def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None, poll_s: float = 5.0) -> dict:
     """Train every config at once, each in its own process; {arch: result} as `train` returns it
     (read back from summary.json, with the draft loaded from the last checkpoint)."""
-    from tqdm.auto import tqdm
-
     archs = [c.arch for c in cfgs]
     if len(set(archs)) != len(archs) or len({c.out_dir for c in cfgs}) != len(cfgs):
         raise ValueError(f"side-by-side training needs one config per arch and folder, got {archs}")
