@@ -10,6 +10,7 @@ from draftlab.benchmark_acceptance import sglang_live as live
 from draftlab.benchmark_acceptance.live import Window
 from draftlab.benchmark_acceptance.sglang_study import _trees, study_entries
 from draftlab.core.launch import parse_launch
+from draftlab.core.records import append_jsonl
 
 
 def mock_generate(verify_every: int | None, outputs=None):
@@ -122,11 +123,11 @@ def _write_result(out, label, tok_s, completion, verify, outputs, concurrency=1,
         0,
         True,
     )
-    live._append_jsonl(
+    append_jsonl(
         out / "windows.jsonl",
         [{**w.__dict__, "steps": extra.get("steps"), "server_avg_accept_length": extra.get("server")}],
     )
-    live._append_jsonl(
+    append_jsonl(
         out / "outputs" / f"{live.slug(label)}.jsonl", [{"index": i, "output_ids": o} for i, o in enumerate(outputs)]
     )
 

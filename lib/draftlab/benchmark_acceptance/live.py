@@ -235,7 +235,8 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
 
 def summarize_windows(windows: list[Window], baseline: str | None = None, eval_set: str = "",
                       samples: int | None = None):
-    """One row per (endpoint, concurrency): tok/s mean ± CI, pooled acceptance length, speedup."""
+    """One row per (endpoint, concurrency): tok/s mean ± CI, pooled acceptance length, speedup.
+    `samples`: the prompts of every window; None: each row's own (its windows' most answered requests)."""
     import pandas as pd
 
     df = pd.DataFrame([asdict(w) for w in windows])
@@ -245,7 +246,8 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
         has_al = g["acceptance_length"].notna().all()
         al_mean, al_ci = mean_ci(g["acceptance_length"].tolist()) if has_al else (None, None)
         rows.append({
-            "eval_set": eval_set, "samples": samples, "label": label, "concurrency": conc, "windows": len(g),
+            "eval_set": eval_set, "samples": int(g["requests"].max()) if samples is None else samples,
+            "label": label, "concurrency": conc, "windows": len(g),
             "tokens_per_s": tps, "tokens_per_s_ci95": tps_ci,
             # the median resists a window slowed by a neighbour or a late kernel compile
             "tokens_per_s_median": float(g["tokens_per_s"].median()),

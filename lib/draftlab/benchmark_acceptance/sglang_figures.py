@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from draftlab.benchmark_acceptance.breakeven import check, fit_from_runs
-from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, plot_breakeven_beside, summarize
+from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, plot_breakeven_beside, read_windows, summarize
 
 __all__ = ["engine_chain_rows", "draw_study_figures"]
 
@@ -26,13 +26,9 @@ def engine_chain_rows(sglang_dir: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["num_steps"])
 
 
-def _windows(study: Path) -> list[dict]:
-    return [json.loads(line) for line in (study / "windows.jsonl").read_text().splitlines() if line.strip()]
-
-
 def _by_concurrency(study: Path, table, ax) -> None:
     """Output tok/s against concurrency for the servers measured at more than batch 1."""
-    windows = _windows(study)
+    windows = read_windows(study)
     for label in dict.fromkeys(table["label"]):
         rows = table[table.label == label].sort_values("concurrency")
         if len(rows) < 2:

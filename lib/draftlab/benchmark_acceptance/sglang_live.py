@@ -19,7 +19,6 @@ Resumable: each finished entry appends its windows to `OUT/windows.jsonl` and it
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,11 +36,13 @@ from draftlab.benchmark_acceptance.live import (
     summarize_windows,
 )
 from draftlab.core.process import ServerStartError, stop_stale
+from draftlab.core.records import append_jsonl, read_jsonl
 from draftlab.sglang.server import SGLangServer
 
 __all__ = [
     "Entry",
     "PER_STREAM",
+    "read_windows",
     "Reply",
     "run_window",
     "measure",
@@ -211,18 +212,13 @@ def agreement(baseline: list[list[int]], other: list[list[int]]) -> dict:
     }
 
 
+def read_windows(out: str | Path) -> list[dict]:
+    """OUT/windows.jsonl: one row per measured window, with what measure() records beside it."""
+    return list(read_jsonl(Path(out) / "windows.jsonl", skip_torn_tail=False))  # a bad line is an error
+
+
 def _done_labels(out: Path) -> set[str]:
-    path = out / "windows.jsonl"
-    if not path.is_file():
-        return set()
-    return {json.loads(line)["label"] for line in path.read_text().splitlines() if line.strip()}
-
-
-def _append_jsonl(path: Path, rows) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    return {row["label"] for row in read_windows(out)} if (out / "windows.jsonl").is_file() else set()
 
 
 def measure(
@@ -262,7 +258,7 @@ def measure(
                 ready.add(e.label)
                 print(f"{e.label}: ready after {servers[e.label].startup_s:.0f} s", flush=True)
             except ServerStartError as exc:
-                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
+                append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
                 print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
         for e in (e for e in todo if e.label in ready):
             if deadline is not None and time.time() > deadline:
@@ -282,7 +278,7 @@ def measure(
                 )
             except (RuntimeError, httpx.HTTPError) as exc:  # one broken server must not cost the others
                 srv.stop()
-                _append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": f"measuring: {exc}"[-2000:]}])
+                append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": f"measuring: {exc}"[-2000:]}])
                 print(f"{e.label}: failed while measured: {exc} (log {srv.log_path})", flush=True)
                 continue
             info = srv.server_info()
@@ -296,11 +292,11 @@ def measure(
                 "algorithm": e.algorithm,
                 "command": e.command,
             }
-            _append_jsonl(
+            append_jsonl(
                 out / "outputs" / f"{slug(e.label)}.jsonl",
                 [{"index": r.index, "output_ids": r.output_ids, **asdict(r.usage)} for r in first],
             )
-            _append_jsonl(out / "windows.jsonl", [{**asdict(w), **extra} for w in windows])
+            append_jsonl(out / "windows.jsonl", [{**asdict(w), **extra} for w in windows])
             line = ", ".join(
                 f"c={w.concurrency} {w.tokens_per_s:.0f} tok/s"
                 + (f" acc {w.acceptance_length:.3f}" if w.acceptance_length else "")
@@ -318,13 +314,10 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     """The study's table: per (label, concurrency) tok/s ± CI, pooled acceptance, speedup against
     the baseline at the same concurrency, the server's own average, and agreement with the baseline."""
     out = Path(out)
-    rows = [json.loads(line) for line in (out / "windows.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_windows(out)
     fields = Window.__dataclass_fields__
-    table = summarize_windows(
-        [Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline
-    )
-    requests = {(r["label"], r["concurrency"]): r["requests"] for r in rows}  # batch 1: the oracle's prompts
-    table["samples"] = [requests[(r.label, r.concurrency)] for r in table.itertuples()]
+    # samples per (label, concurrency): batch 1 the oracle's prompts, more at higher concurrency
+    table = summarize_windows([Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline)
     extra = {r["label"]: r for r in rows}
     for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):
         table[key] = [extra[label].get(key) for label in table["label"]]
@@ -333,7 +326,7 @@ def summarize(out: str | Path, baseline: str = "baseline"):
         path = out / "outputs" / f"{slug(label)}.jsonl"
         if not path.is_file():
             return None
-        return [json.loads(line)["output_ids"] for line in path.read_text().splitlines() if line.strip()]
+        return [row["output_ids"] for row in read_jsonl(path, skip_torn_tail=False)]
 
     base = outputs(baseline)
     agree = {
@@ -350,16 +343,12 @@ def summarize(out: str | Path, baseline: str = "baseline"):
 # ---------------------------------------------------------------------------- break-even from the server
 
 
-def _windows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "windows.jsonl").read_text().splitlines() if line.strip()]
-
-
 def cycle_rates(out: str | Path, concurrency: int = 1, baseline: str = "baseline") -> list[dict]:
     """Per speculative entry at `concurrency`: SGLang's plain step time T1 (baseline wall x streams /
     tokens), its cycle time (wall x streams / verify steps) and tokens per cycle, pooled over the
     repeats. Both times include the same per-request overheads (HTTP, prefill), so the fitted
     costs are what a user of the server pays, not kernel times."""
-    rows = [r for r in _windows(out) if r["concurrency"] == concurrency]
+    rows = [r for r in read_windows(out) if r["concurrency"] == concurrency]
     base = [r for r in rows if r["label"] == baseline]
     if not base:
         raise ValueError(f"{out}: no {baseline!r} windows at concurrency {concurrency}")

@@ -83,7 +83,8 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
     study = run / "sglang" / "study"
     if (study / "windows.jsonl").is_file():
         t = summarize(study)
-        where = f"sglang/study/summary ({int(t[t.concurrency == 1]['samples'].max())} prompts at batch 1)"
+        batch1_prompts = int(t[t.concurrency == 1]["samples"].max())
+        where = f"sglang/study/summary ({batch1_prompts} prompts at batch 1)"
         base1 = t[(t.label == "baseline") & (t.concurrency == 1)]
         if len(base1):
             s["sglang_baseline_tok_s_batch1"] = float(base1.tokens_per_s_median.iloc[0])
@@ -102,8 +103,7 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
                 src[key] = (
                     f"{where}: best EAGLE3 setting at concurrency {conc}, {best.label}, ratio of median "
                     f"tok/s (of means: {best.speedup:.3f} ± {best.speedup_ci95:.3f}); {best.identical}/"
-                    f"{int(t[(t.label == best.label) & (t.concurrency == 1)].samples.iloc[0])} batch-1 outputs "
-                    f"identical to SGLang's baseline"
+                    f"{batch1_prompts} batch-1 outputs identical to SGLang's baseline"
                 )
         wrong = t[(t.algorithm == "EAGLE") & (t.concurrency == 1)]
         if len(wrong):
