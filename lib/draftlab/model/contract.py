@@ -61,6 +61,21 @@ def _kind(value) -> str:
     return "a JSON string" if isinstance(value, str) else f"{type(value).__name__} {value!r}"
 
 
+def _is_positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _wrong(key: str, v, expected: str, string_note: str = "") -> str:
+    """The one message shape of a wrong type; a string value is shown too, with why it is refused."""
+    if isinstance(v, str):
+        return f"field {key!r} is {_kind(v)} {v!r}, not {expected}{string_note}"
+    return f"field {key!r} is {_kind(v)}, not {expected}"
+
+
 def field_type_problems(config: dict) -> list[str]:
     """"field 'x' is ..., not ..." for every present field of the wrong JSON type ([] = all readable).
 
@@ -68,29 +83,20 @@ def field_type_problems(config: dict) -> list[str]:
     JSON number; booleans true or false. A null value counts as absent (the missing-key checks
     report those). Also reads rope_parameters.rope_theta and eagle_config.use_aux_hidden_state.
     """
-    out = []
-    for key in INT_FIELDS:
-        v = config.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            out.append(f"field {key!r} is {_kind(v)} {v!r}, not a positive integer" if isinstance(v, str)
-                       else f"field {key!r} is {_kind(v)}, not a positive integer")
-    rope = config.get("rope_parameters")
+    rope, eagle = config.get("rope_parameters"), config.get("eagle_config")
     floats = [(k, config.get(k)) for k in FLOAT_FIELDS]
     if isinstance(rope, dict):
         floats.append(("rope_parameters.rope_theta", rope.get("rope_theta")))
-    for key, v in floats:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            out.append(f"field {key!r} is {_kind(v)} {v!r}, not a number" if isinstance(v, str)
-                       else f"field {key!r} is {_kind(v)}, not a number")
-    eagle = config.get("eagle_config")
     bools = [(k, config.get(k)) for k in BOOL_FIELDS]
     if isinstance(eagle, dict):
         bools.append(("eagle_config.use_aux_hidden_state", eagle.get("use_aux_hidden_state")))
-    for key, v in bools:
-        if v is not None and not isinstance(v, bool):
-            out.append(f"field {key!r} is {_kind(v)} {v!r}, not true/false (Python reads any non-empty string as "
-                       "true)" if isinstance(v, str) else f"field {key!r} is {_kind(v)}, not true/false")
-    return out
+    groups = (  # (fields, accepted, what was expected, why a string is not accepted)
+        ([(k, config.get(k)) for k in INT_FIELDS], _is_positive_int, "a positive integer", ""),
+        (floats, _is_number, "a number", ""),
+        (bools, lambda v: isinstance(v, bool), "true/false", " (Python reads any non-empty string as true)"),
+    )
+    return [_wrong(key, v, expected, note) for fields, accepted, expected, note in groups
+            for key, v in fields if v is not None and not accepted(v)]
 
 
 # ---- safetensors layout ----------------------------------------------------------------------
