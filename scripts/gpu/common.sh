@@ -263,3 +263,32 @@ pack_reference() {  # results/reference for the commit: no weights, no data; $OU
   say "packed: $(du -h "$OUT/reference.tar.gz" | cut -f1) ($(tar -tzf "$OUT/reference.tar.gz" | wc -l) entries)"
   tar -tzvf "$OUT/reference.tar.gz" | awk '{print $3, $6}'
 }
+
+# ---- the SGLang target server (sglang.sh, regen_feed.sh) ----
+MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct  # the embedded target, converted by ensure_target
+PREFIX=${PREFIX:-$DL/sglang}                             # SGLang, installed from the offline bundle
+
+target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
+  python3 -c "
+from draftlab.core.serve import sglang_target_command
+print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=${REGEN_MAX_RUNNING:-1024},
+      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
+             '--cuda-graph-max-bs', '${REGEN_GRAPH_BS:-512}')))"
+}
+
+serve_target() {  # serve_target LOG READY: the target server in the background ($SERVER_PID); returns once
+  local log=$1 ready=$2  # it is healthy, with its URL in READY
+  rm -f "$ready"
+  python3 -m draftlab.sglang.server --launch "$(target_command)" --log "$log" --prefix "$PREFIX" \
+    --ready-file "$ready" --startup-timeout 300 &
+  SERVER_PID=$!
+  while [ ! -s "$ready" ]; do
+    kill -0 $SERVER_PID 2>/dev/null || { say "FAILED: the SGLang server did not start"; tail -30 "$log"; return 1; }
+    sleep 2
+  done
+  say "SGLang target server ready: $(cat "$ready")"
+}
+
+flush_server() {  # flush_server URL: an empty prefix cache before a measured run
+  python3 -c "import httpx; print('flush_cache', httpx.post('$1/flush_cache', timeout=60).status_code)"
+}

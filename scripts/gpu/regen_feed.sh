@@ -4,20 +4,13 @@
 # server by one client at concurrency C, then by two clients at C/2 each on halves, then by the batch
 # backend (server stopped). Results: $OUT/regen_feed.json (wall s and summaries), written after each part.
 source "$(dirname "$0")/common.sh"
-N=${N:-4096}; C=${C:-1024}; MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct; PREFIX=$DL/sglang
+N=${N:-4096}; C=${C:-1024}
 d=$DL/feed; rm -rf "$d"; mkdir -p "$d"
 xz -dc results/h200-sglang-2026-12-01/data/regen/train.jsonl.xz | head -n "$N" > "$d/rows.jsonl"
 head -n $((N / 2)) "$d/rows.jsonl" > "$d/half1.jsonl"; tail -n +$((N / 2 + 1)) "$d/rows.jsonl" > "$d/half2.jsonl"
 common=(--max-tokens 256 --temperature 0 --truncation keep_flag --no-progress)
-cmd=$(python3 -c "
-from draftlab.core.serve import sglang_target_command
-print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=1024,
-      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none', '--cuda-graph-max-bs', '512')))")
-python3 -m draftlab.sglang.server --launch "$cmd" --log "$d/server.log" --prefix "$PREFIX" --ready-file "$d/ready" --startup-timeout 300 &
-SRV=$!
-while [ ! -s "$d/ready" ]; do kill -0 $SRV 2>/dev/null || { say "server did not start"; tail -20 "$d/server.log"; exit 1; }; sleep 1; done
-URL=$(cat "$d/ready"); say "server ready at $URL"
-flush() { python3 -c "import httpx; httpx.post('$URL/flush_cache', timeout=60)"; }
+serve_target "$d/server.log" "$d/ready" || exit 1
+URL=$(cat "$d/ready")
 timed() { local name=$1; shift; local t0; t0=$(date +%s.%N); "$@"; echo "$name $(python3 -c "import time; print(time.time() - $t0)")" >> "$d/walls"; }
 report() { python3 - "$d" "$OUT/regen_feed.json" <<'PY'
 import json, sys
@@ -32,10 +25,10 @@ for line in (d / "walls").read_text().splitlines() if (d / "walls").is_file() el
 Path(sys.argv[2]).write_text(json.dumps(res, indent=1)); print(json.dumps({k: v.get("wall_s") for k, v in res.items() if isinstance(v, dict)}))
 PY
 }
-flush; timed one python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/one" --base-url "$URL" --model "$MODEL_DIR" --concurrency "$C" --timeout 600 "${common[@]}" > "$d/one.json"; report
-flush; timed two bash -c "python3 -m draftlab.cli regenerate '$d/half1.jsonl' '$d/two1' --base-url '$URL' --model '$MODEL_DIR' --concurrency $((C / 2)) --timeout 600 ${common[*]} > '$d/two_1.json' &
+flush_server "$URL"; timed one python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/one" --base-url "$URL" --model "$MODEL_DIR" --concurrency "$C" --timeout 600 "${common[@]}" > "$d/one.json"; report
+flush_server "$URL"; timed two bash -c "python3 -m draftlab.cli regenerate '$d/half1.jsonl' '$d/two1' --base-url '$URL' --model '$MODEL_DIR' --concurrency $((C / 2)) --timeout 600 ${common[*]} > '$d/two_1.json' &
   python3 -m draftlab.cli regenerate '$d/half2.jsonl' '$d/two2' --base-url '$URL' --model '$MODEL_DIR' --concurrency $((C / 2)) --timeout 600 ${common[*]} > '$d/two_2.json'; wait"; report
 grep -o "#running-req: [0-9]*" "$d/server.log" | awk '{print $2}' | sort -n | awk '{a[NR]=$1} END {print "server running requests: median", a[int(NR/2)+1], "max", a[NR], "samples", NR}' | tee -a "$d/running.txt"
-kill -TERM $SRV; wait $SRV 2>/dev/null
+kill -TERM $SERVER_PID; wait $SERVER_PID 2>/dev/null
 timed batch python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/batch" --backend batch --device cuda --batch-size 4096 --batch-tokens 3000000 "${common[@]}" > "$d/batch.json"; report
 xz -c "$d/server.log" > "$OUT/feed-server.log.xz"; cp "$d/running.txt" "$OUT/" 2>/dev/null; say "done"

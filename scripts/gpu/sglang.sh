@@ -19,9 +19,7 @@ set -uo pipefail
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
 PARTS=$DL/sglang-parts
-PREFIX=${PREFIX:-$DL/sglang}
 SG=$RUN/sglang
-MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct
 DRAFT=${DRAFT:-$RUN/drafts/eagle3}  # a published draft instead (carry it; scripts/gpu/published_draft.sh)
 EVAL_XZ=${EVAL_XZ:-results/h200-sglang-2026-12-01/data/blend/test.jsonl.xz}  # the blend's held-out split
 ORACLE_FROM=${ORACLE_FROM:-results/h200-sglang-2026-12-01/sglang}
@@ -39,26 +37,6 @@ install_sglang() {
     && say "SGLang $(cat "$SG/version.txt") installed in $PREFIX"
 }
 
-target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
-  python3 -c "
-from draftlab.core.serve import sglang_target_command
-print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=${REGEN_MAX_RUNNING:-1024},
-      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
-             '--cuda-graph-max-bs', '${REGEN_GRAPH_BS:-512}')))"
-}
-
-serve_target() {  # start the target server in the background; $SERVER_PID; waits until it is healthy
-  rm -f "$DL/ready"
-  python3 -m draftlab.sglang.server --launch "$(target_command)" --log "$SG/regen-server.log" --prefix "$PREFIX" \
-    --ready-file "$DL/ready" --startup-timeout 300 &
-  SERVER_PID=$!
-  while [ ! -s "$DL/ready" ]; do
-    kill -0 $SERVER_PID 2>/dev/null || { say "FAILED: the SGLang server did not start"; tail -30 "$SG/regen-server.log"; return 1; }
-    sleep 2
-  done
-  say "SGLang target server ready: $(cat "$DL/ready")"
-}
-
 side_by_side() {  # the same first N train rows through SGLang (server up) or the batch backend (server gone)
   local n=${REGEN_SIDE:-4096} d=$DL/side which=$1
   mkdir -p "$d" "$RUN/bench"
@@ -66,7 +44,7 @@ side_by_side() {  # the same first N train rows through SGLang (server up) or th
   local common=(--max-tokens "${MAX_TOKENS:-256}" --temperature 0 --truncation keep_flag --no-progress)
   rm -rf "${d:?}/$which"
   if [ "$which" = sglang ]; then  # an empty prefix cache: 03 just sent the same prompts
-    python3 -c "import httpx; print('flush_cache', httpx.post('$(cat "$DL/ready")/flush_cache', timeout=60).status_code)"
+    flush_server "$(cat "$DL/ready")"
     date +%s.%N > "$d/sglang.s"
     python3 -m draftlab.cli regenerate "$d/rows.jsonl" "$d/sglang" --base-url "$(cat "$DL/ready")" --model "$MODEL_DIR" \
       --concurrency "${REGEN_CONCURRENCY:-1024}" --timeout 600 "${common[@]}" > "$d/sglang.json"
@@ -169,7 +147,7 @@ case $PHASE in
   stash) ;;
   regen)
     ensure_all && install_sglang || exit 1
-    serve_target || exit 1
+    serve_target "$SG/regen-server.log" "$DL/ready" || exit 1
     STAGES=(03)
     P03="-p BACKEND server -p BASE_URLS [\"$(cat "$DL/ready")\"] -p SERVED_MODEL $MODEL_DIR -p CONCURRENCY ${REGEN_CONCURRENCY:-1024} -p REQUEST_TIMEOUT 600.0" run_pending
     rc=$?
