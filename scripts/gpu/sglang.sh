@@ -15,6 +15,12 @@
 #            set-up runs here, the held-out split comes from the tracked EVAL_XZ, and the engine's oracle
 #            rows already published in ORACLE_FROM (same draft, prompts and samples) are reused.
 #            Exit 0 when all is done, 3: call again with PHASE=after
+#   notebooks  a published run (PUBLISHED, tracked) re-executed with its published draft, nothing trained:
+#            the run folder and the draft become $RUN, STAGES_NOTEBOOKS (default "00 05 06") run as step.sh
+#            runs them (P<NN> overrides), then packed as step.sh packs ($OUT/reference.tar.gz); exit 0, 3 or 1.
+#   oracle   the oracle gap on more prompts (SAMPLES, e.g. 256): the engine (chain S=6, tree 5x4x8) and a
+#            batch-1 SGLang study of the same settings at the same time (acceptance only), into
+#            $DL/check<SAMPLES>; the gaps in $OUT/oracle_check.json
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
@@ -109,6 +115,52 @@ except OSError:
 print(' '.join(sorted(e['label'].replace(' ', '_') for e in plan['entries'] if e['label'] not in done | failed)))"
 }
 
+publish_run() {  # PHASE=notebooks/oracle: the published run and its draft as $RUN (once while warm)
+  [ -f "$RUN/.published" ] && return 0
+  local from=${PUBLISHED:-results/h200-sglang-2026-12-01} xz dir
+  rm -rf "$RUN" && mkdir -p "$RUN/drafts" && cp -r "$from"/. "$RUN"/ || return 1
+  # the tracked compressed splits, and the blend's train split carried untracked (.device/blend)
+  for xz in "$RUN"/data/*/*.jsonl.xz .device/blend/*.jsonl.xz; do
+    [ -f "$xz" ] || continue
+    dir=$RUN/data/$(basename "$(dirname "$xz")")
+    [ "$(dirname "$xz")" = .device/blend ] && dir=$RUN/data/blend
+    mkdir -p "$dir" && xz -dc "$xz" > "$dir/$(basename "$xz" .xz)" || return 1
+  done
+  cp -rL "$DRAFT" "$RUN/drafts/eagle3" && touch "$RUN/.published"
+  say "published run $from in $RUN: $(ls "$RUN" | paste -sd ' '); draft $(du -sh "$RUN/drafts/eagle3" | cut -f1)"
+}
+
+oracle_check() {  # PHASE=oracle: engine and SGLang acceptance on the same SAMPLES prompt ids, at the same time
+  local chk=$DL/check$SAMPLES spec name args pids=()
+  mkdir -p "$chk/sglang"
+  for spec in "chain6 --steps 6" "tree548 --steps 5 --topk 4 --num-draft-tokens 8"; do
+    read -r name args <<< "$spec"
+    [ -s "$chk/sglang/oracle_$name.json" ] && continue
+    # shellcheck disable=SC2086
+    timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$DRAFT" \
+      --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" \
+      --max-new-tokens 128 --out "$chk/sglang/oracle_$name.json" $args > "$chk/engine_$name.log" 2>&1 &
+    pids+=($!)
+  done
+  timeout "$(( $(left) - 20 ))" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" --draft "$DRAFT" \
+    --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" --max-new-tokens 128 --prefix "$PREFIX" \
+    --python python3 --chain 6 --trees 5x4x8 --concurrency 1 --no-wrong-flag --repeats 1 --warmup 0 \
+    --budget-s $(( $(left) - 60 )) --out "$chk/sglang/study" 2>&1 | grep -v "it/s\]"
+  say "oracle check: SGLang study exit ${PIPESTATUS[0]}; waiting for the engine (pids ${pids[*]})"
+  for name in "${pids[@]}"; do wait "$name"; done
+  tail -3 "$chk"/engine_*.log
+  python3 - "$chk" "$SAMPLES" "$OUT/oracle_check.json" <<'PY'
+import json, sys
+from draftlab.benchmark_acceptance.sglang_report import oracle_gaps
+gaps = oracle_gaps(sys.argv[1])
+note = "engine and SGLang ran at the same time on one GPU: acceptance only, their tok/s are not measurements"
+json.dump({"samples": int(sys.argv[2]), "note": note, "gaps": gaps}, open(sys.argv[3], "w"), indent=1)
+for g in gaps:
+    print(g["setting"], "engine", round(g["engine"], 4), "sglang", round(g["sglang"], 4), f"gap {100 * g['gap']:+.2f}%")
+PY
+  tar -czf "$OUT/oracle-check.tar.gz" -C "$DL" --exclude='*.safetensors' "check$SAMPLES"
+}
+
 ORACLE=("chain --steps ${ORACLE_CHAIN:-1,3,6}" "tree548 --steps 5 --topk 4 --num-draft-tokens 8"
         "tree6816 --steps 6 --topk 8 --num-draft-tokens 16" "wrongflag --steps 6 --mode EAGLE")
 oracle_done() { for spec in "${ORACLE[@]}"; do [ -s "$SG/oracle_${spec%% *}.json" ] || return 1; done; }
@@ -183,5 +235,19 @@ case $PHASE in
     pack_results
     [ -z "$(study_missing)" ] && oracle_done && { say "DONE"; exit 0; }
     say "NOT DONE YET: PHASE=after again"; exit 3 ;;
+  notebooks)
+    publish_run && ensure_all || exit 1
+    read -r -a STAGES <<< "${STAGES_NOTEBOOKS:-00 05 06}"
+    run_pending; rc=$?
+    report
+    # what ran, whatever pack_reference makes of it (it rebuilds summary.json and README.md)
+    tar -czf "$OUT/notebooks.tar.gz" -C "$RUN" --exclude='*.safetensors' executed figures metrics.json params.yaml \
+      $(cd "$RUN" && ls -d params.d run.json 2>/dev/null)
+    [ $rc -eq 0 ] && { pack_reference; exit $?; }
+    [ $rc -eq 2 ] && { say "NOT DONE YET: PHASE=notebooks again"; exit 3; }
+    exit 1 ;;
+  oracle)
+    publish_run && ensure_all && install_sglang || exit 1
+    oracle_check ;;
   *) say "unknown PHASE $PHASE"; exit 2 ;;
 esac
