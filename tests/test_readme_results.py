@@ -24,11 +24,10 @@ def test_readme_block_agrees_with_the_published_summary():
 
 def test_every_headline_number_is_in_the_summary_and_every_figure_exists():
     text = (ROOT / "README.md").read_text()
-    # the published run's block (the SGLang run has a block of its own)
     m = next((b for b in published.BLOCK.finditer(text) if b.group("run") == "results/reference"), None)
     assert m and m.group("run") == "results/reference"
     summary = json.loads((ROOT / m.group("run") / "summary.json").read_text())
-    assert "1.44x" in m.group("body") and published.fmt("speedup_batch1", summary["speedup_batch1"]) == "1.44x"
+    assert published.fmt("speedup_batch1", summary["speedup_batch1"]) in m.group("body")
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", m.group("body")):
         assert (ROOT / link).is_file(), link
     outside = text[: m.start()] + text[m.end():]
@@ -66,6 +65,7 @@ def test_sglang_figures_are_shown_with_their_sources_and_labelled_as_sglangs(run
                     "engine_vs_sglang_acceptance_gap": 0.012, "sglang_new_figure": 7.5})
     summary["sources"].update({"sglang_version": "sglang/version.txt", "sglang_speedup_batch1": "study S=3 c=1",
                                "engine_vs_sglang_acceptance_gap": "oracle_chain.json", "sglang_new_figure": "study"})
+    summary["sources"].pop("sglang_speedup_c16", None)  # not measured: no source either
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "figures" / "06_benchmark_acceptance_breakeven_engine_vs_sglang.png").write_bytes(b"png")
     published.main([str(readme)])

@@ -278,12 +278,12 @@ def test_break_even_beside_the_engine_draws_both_fits(tmp_path):
 
 
 def test_the_published_study_draws_its_figures_without_a_gpu(tmp_path):
-    """The committed H200 study (results/h200-sglang-2026-12-01/sglang) is what a reader redraws."""
+    """The committed H200 study (results/reference/sglang) is what a reader redraws."""
     import shutil
 
     from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures, engine_chain_rows
 
-    src = Path(__file__).resolve().parents[1] / "results" / "h200-sglang-2026-12-01" / "sglang"
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / "sglang"
     shutil.copytree(src, tmp_path / "sglang")
     assert [r["num_steps"] for r in engine_chain_rows(tmp_path / "sglang")] == [1, 3, 6]
     written = draw_study_figures(tmp_path)

@@ -2,10 +2,10 @@
 # Restore a published draft from the commit that holds it into an ignored folder, checked by sha256.
 # Why from history: every device call carries the whole working tree (64 MiB at most), so a 29 MB
 # draft kept in the tree would shrink every transfer; a commit keeps it as safely.
-# Usage: scripts/gpu/published_draft.sh [RUN] [DEST]   (defaults: results/h200-sglang-2026-12-01, .device/drafts/eagle3)
+# Usage: scripts/gpu/published_draft.sh [RUN] [DEST]   (defaults: results/reference, .device/drafts/eagle3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUN=${1:-results/h200-sglang-2026-12-01}
+RUN=${1:-results/reference}
 DEST=${2:-.device/drafts/eagle3}
 commit=$(cat "$RUN/draft/eagle3.commit")
 mkdir -p "$DEST"

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/common.sh"
 N=${N:-4096}; C=${C:-1024}
 d=$DL/feed; rm -rf "$d"; mkdir -p "$d"
-xz -dc results/h200-sglang-2026-12-01/data/regen/train.jsonl.xz | head -n "$N" > "$d/rows.jsonl"
+xz -dc results/reference/data/regen/train.jsonl.xz | head -n "$N" > "$d/rows.jsonl"
 head -n $((N / 2)) "$d/rows.jsonl" > "$d/half1.jsonl"; tail -n +$((N / 2 + 1)) "$d/rows.jsonl" > "$d/half2.jsonl"
 common=(--max-tokens 256 --temperature 0 --truncation keep_flag --no-progress)
 serve_target "$d/server.log" "$d/ready" || exit 1

@@ -9,7 +9,7 @@
 source "$(dirname "$0")/common.sh"
 K=${K:-4}; N=${N:-4096}; CONCURRENCY=${CONCURRENCY:-512}; MEM=${MEM:-0.18}; FULL=${FULL:-1}
 d=$DL/servers; rm -rf "$d"; mkdir -p "$d"
-xz -dc results/h200-sglang-2026-12-01/data/regen/train.jsonl.xz > "$d/train.jsonl"
+xz -dc results/reference/data/regen/train.jsonl.xz > "$d/train.jsonl"
 head -n "$N" "$d/train.jsonl" > "$d/rows.jsonl"
 common=(--model "$MODEL_DIR" --concurrency "$CONCURRENCY" --timeout 600 --max-tokens 256 --temperature 0
         --truncation keep_flag --no-progress)
@@ -18,10 +18,10 @@ server_command() {  # server_command I: the regeneration server I of K
 from draftlab.core.serve import sglang_target_command
 print(sglang_target_command('$MODEL_DIR', port=$((30000 + $1)), mem_fraction_static=$MEM, max_running_requests=512,
       extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
-             '--cuda-graph-max-bs', '512', '--nccl-port', '$((31000 + $1))')))"
+             '--cuda-graph-max-bs', '512', '--max-total-tokens', '600000', '--nccl-port', '$((31000 + $1))')))"
 }
 PIDS=()
-trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; wait' EXIT
+trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}"' EXIT
 for i in $(seq 0 $((K - 1))); do  # all at once: graph capture overlaps
   python3 -m draftlab.sglang.server --launch "$(server_command "$i")" --log "$d/server$i.log" --prefix "$PREFIX" \
     --ready-file "$d/ready$i" --startup-timeout 300 &

@@ -27,8 +27,8 @@ PHASE=${PHASE:-stash}
 PARTS=$DL/sglang-parts
 SG=$RUN/sglang
 DRAFT=${DRAFT:-$RUN/drafts/eagle3}  # a published draft instead (carry it; scripts/gpu/published_draft.sh)
-EVAL_XZ=${EVAL_XZ:-results/h200-sglang-2026-12-01/data/blend/test.jsonl.xz}  # the blend's held-out split
-ORACLE_FROM=${ORACLE_FROM:-results/h200-sglang-2026-12-01/sglang}
+EVAL_XZ=${EVAL_XZ:-results/reference/data/blend/test.jsonl.xz}  # the blend's held-out split
+ORACLE_FROM=${ORACLE_FROM:-results/reference/sglang}
 SAMPLES=${SAMPLES:-32}  # batch-1 prompts of the study and the oracle: the published oracle rows used 32
 mkdir -p "$PARTS" "$SG"
 bash scripts/gpu/cargo.sh receive || exit 1
@@ -117,14 +117,10 @@ print(' '.join(sorted(e['label'].replace(' ', '_') for e in plan['entries'] if e
 
 publish_run() {  # PHASE=notebooks/oracle: the published run and its draft as $RUN (once while warm)
   [ -f "$RUN/.published" ] && return 0
-  local from=${PUBLISHED:-results/h200-sglang-2026-12-01} xz dir
+  local from=${PUBLISHED:-results/reference} xz dir
   rm -rf "$RUN" && mkdir -p "$RUN/drafts" && cp -r "$from"/. "$RUN"/ || return 1
-  # the tracked compressed splits, and the blend's train split carried untracked (.device/blend)
-  for xz in "$RUN"/data/*/*.jsonl.xz .device/blend/*.jsonl.xz; do
-    [ -f "$xz" ] || continue
-    dir=$RUN/data/$(basename "$(dirname "$xz")")
-    [ "$(dirname "$xz")" = .device/blend ] && dir=$RUN/data/blend
-    mkdir -p "$dir" && xz -dc "$xz" > "$dir/$(basename "$xz" .xz)" || return 1
+  for xz in "$RUN"/data/*/*.jsonl.xz; do  # the run's splits travel compressed
+    xz -dc "$xz" > "${xz%.xz}" || return 1
   done
   cp -rL "$DRAFT" "$RUN/drafts/eagle3" && touch "$RUN/.published"
   say "published run $from in $RUN: $(ls "$RUN" | paste -sd ' '); draft $(du -sh "$RUN/drafts/eagle3" | cut -f1)"
