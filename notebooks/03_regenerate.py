@@ -31,6 +31,8 @@ SEED = 0  # random seed (sampling seed sent with every request when TEMPERATURE 
 BACKEND = "server"  # server: OpenAI-compatible server + async client | batch: static-batch generate (GPU)
 BASE_URLS = []  # running servers to use (e.g. SGLang); empty: start `transformers serve` for TARGET
 SERVED_MODEL = ""  # `model` field for BASE_URLS servers (empty: the local server's folder path)
+SGLANG_SERVERS = 0  # no BASE_URLS: start this many SGLang servers of TARGET on this GPU (0: transformers serve)
+SGLANG_PREFIX = ""  # offline SGLang install for SGLANG_SERVERS (`draftlab sglang install`); "": SGLang importable here
 SPLITS = ["train", "val"]  # blend splits to regenerate
 MAX_TRAIN_ROWS = 80  # first N rows of the train split (0: all)
 MAX_VAL_ROWS = 16  # first N rows of the val split (0: all)
@@ -90,7 +92,8 @@ config = rg.RegenConfig(
 )
 out_dir = run.data("regen")
 report = rg.regenerate_splits(inputs, out_dir, config, backend=BACKEND, base_urls=BASE_URLS, target=TARGET,
-                              device=run.device, batch_size=BATCH_SIZE, batch_tokens=BATCH_TOKENS, limits=limits)
+                              device=run.device, batch_size=BATCH_SIZE, batch_tokens=BATCH_TOKENS, limits=limits,
+                              sglang_servers=SGLANG_SERVERS, sglang_prefix=SGLANG_PREFIX)
 summary = pd.DataFrame({split: {k: v for k, v in s.items() if not isinstance(v, dict)}
                         for split, s in report["splits"].items()})
 print(f"backend {report['backend']}, servers {report.get('servers')}, server start-up {report['server_startup_s']} s")

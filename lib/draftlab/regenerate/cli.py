@@ -24,6 +24,7 @@ from draftlab.regenerate.config import (
 from draftlab.regenerate.monitor import format_summary, plot_throughput, summarize
 from draftlab.regenerate.outputs import finalize
 from draftlab.regenerate.stage import regenerate
+from draftlab.sglang.server import TargetServers
 
 # ------------------------------------------------------------------ CLI
 
@@ -56,6 +57,10 @@ def add_regenerate_parser(subparsers) -> None:
     p.add_argument("--base-url", action="append", default=[], help="server base URL (repeatable)")
     p.add_argument("--serve", default=None, metavar="TARGET",
                    help="start `transformers serve` for this target spec or folder on loopback")
+    p.add_argument("--sglang-servers", type=int, default=0, metavar="K",
+                   help="with --serve: start K SGLang servers of TARGET on this GPU instead of transformers serve "
+                        "(one scheduler does not keep a small target's GPU busy; logs in --log-dir)")
+    p.add_argument("--sglang-prefix", default=None, help="offline SGLang install (`draftlab sglang install`)")
     p.add_argument("--model", default=None, help="model field of requests (default: the served folder)")
     p.add_argument("--model-name", default="", help="name recorded on rows")
     p.add_argument("--concurrency", type=int, default=8, help="in-flight requests per server")
@@ -103,6 +108,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise InputError(f"--output {args.output}: is a folder; give the final JSONL file's path")
     if args.limit < 0:
         raise InputError(f"--limit {args.limit}: must be >= 0 (0: every row)")
+    if args.sglang_servers < 0 or (args.sglang_servers and not args.serve):
+        raise InputError(f"--sglang-servers {args.sglang_servers}: needs --serve TARGET and a count >= 1")
 
 
 def _regenerate_cli(args: argparse.Namespace) -> int:
@@ -123,12 +130,17 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
             folder = resolve_path(args.serve)
         except TargetError as exc:
             raise InputError(f"--serve {exc}") from exc
-        log = Path(args.log_dir or work) / "serve.log"
-        with LocalServer(folder, log_path=log, device=resolve_device(args.device)) as srv:
-            print(f"server {srv.base_url} ready in {srv.startup_s:.1f} s (log {log})", flush=True)
-            config = config_from_args(args, model=args.model or srv.model)
+        log_dir = Path(args.log_dir or work)
+        if args.sglang_servers:
+            servers = TargetServers(str(folder), args.sglang_servers, log_dir, prefix=args.sglang_prefix)
+        else:
+            servers = LocalServer(folder, log_path=log_dir / "serve.log", device=resolve_device(args.device))
+        with servers:
+            urls = servers.urls if args.sglang_servers else [servers.base_url]
+            print(f"servers {urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
+            config = config_from_args(args, model=args.model or (str(folder) if args.sglang_servers else servers.model))
             config.model_name = args.model_name or Path(folder).name
-            summary = regenerate(rows, work, [srv.base_url, *args.base_url], config,
+            summary = regenerate(rows, work, [*urls, *args.base_url], config,
                                  input_path=args.input, progress=not args.no_progress)
     else:
         config = config_from_args(args, model=args.model)

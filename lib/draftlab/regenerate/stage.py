@@ -37,6 +37,7 @@ from draftlab.regenerate.outputs import (
     write_manifest,
     write_status,
 )
+from draftlab.sglang.server import TargetServers
 
 
 async def regenerate_row(client: ChatClient, row: dict) -> dict:
@@ -202,12 +203,13 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
                       config: RegenConfig, *, backend: str = "server", base_urls=(),
                       target: str = "tiny", device: str = "cpu", dtype=None,
                       batch_size: int = 1024, batch_tokens: int = 0, limits: dict[str, int] | None = None,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, sglang_servers: int = 0, sglang_prefix: str | None = None) -> dict:
     """Regenerate each split (e.g. train, val) into OUT/<split>.jsonl, resumably.
 
-    backend "server": the given base URLs, or else a `transformers serve` of `target` started
-    on loopback for the duration (log: OUT/serve.log). backend "batch": `regen_batch`.
-    Work folders are OUT/work/<split>/ (what `draftlab monitor` reads).
+    backend "server": the given base URLs; else `sglang_servers` SGLang servers of `target` on this
+    GPU (sglang.server.TargetServers; `sglang_prefix`: an offline install; logs OUT/sglang-N.log);
+    else a `transformers serve` of `target` on loopback (log: OUT/serve.log), each for the duration.
+    backend "batch": `regen_batch`. Work folders are OUT/work/<split>/ (what `draftlab monitor` reads).
     """
     from contextlib import ExitStack
 
@@ -221,6 +223,11 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
         if backend == "batch":
             tgt = load_target(target, device=device, dtype=dtype)
             config.model = config.model or target
+        elif not urls and sglang_servers > 0:
+            folder = str(resolve_path(target))
+            servers = stack.enter_context(TargetServers(folder, sglang_servers, out_dir, prefix=sglang_prefix or None))
+            urls, config.model = servers.urls, config.model or folder
+            report["server_startup_s"] = round(servers.startup_s, 1)
         elif not urls:
             # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
             threads = 1 if target == "tiny" and device == "cpu" else None

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
+from draftlab.core.serve import sglang_target_command
 from draftlab.sglang.install import server_env
 
-__all__ = ["SGLangServer", "sglang_argv"]
+__all__ = ["SGLangServer", "TargetServers", "regeneration_commands", "sglang_argv"]
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -70,6 +71,71 @@ class SGLangServer(ServerProcess):
             env=env,
             **kwargs,
         )
+
+
+# ---------------------------------------------------------------------------- regeneration servers
+
+# One SGLang server of a small target is bound by its scheduler, not the GPU: on one H200 the 135M
+# target gave 15.4K output tok/s at 1,024 running requests (past the CUDA graphs), 28.7K at 512 (the
+# graph limit) and 56.7K with two such servers (LOG.md, 2026-12-01, ninth session).
+REGEN_RUNNING = 512          # --max-running-requests = --cuda-graph-max-bs: every decode batch graphed
+REGEN_POOL_TOKENS = 600_000  # KV pool per server: fixed, so servers started together all fit
+REGEN_NCCL_OFFSET = 1000     # torch.distributed's port: its own per server (EADDRINUSE otherwise)
+
+
+def regeneration_commands(model_path: str, count: int, *, port: int = 30000,
+                          mem_fraction_static: float = 0.5) -> list[str]:
+    """Launch commands for `count` target servers that share one GPU, on ports port .. port+count-1.
+
+    SGLang 0.5.17 refuses a fraction below the share of GPU memory already taken when it starts,
+    so the pool is bounded by --max-total-tokens and every server gets the same generous fraction."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    extra = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+             "--cuda-graph-max-bs", str(REGEN_RUNNING), "--max-total-tokens", str(REGEN_POOL_TOKENS))
+    return [sglang_target_command(model_path, port=port + i, mem_fraction_static=mem_fraction_static,
+                                  max_running_requests=REGEN_RUNNING,
+                                  extra=(*extra, "--nccl-port", str(port + REGEN_NCCL_OFFSET + i)))
+            for i in range(count)]
+
+
+class TargetServers:
+    """`count` SGLang servers of one target, launched together (their graph captures overlap) and
+    stopped together: `with TargetServers(...) as servers: servers.urls`."""
+
+    def __init__(self, model_path: str, count: int, log_dir: str | os.PathLike, *, prefix: str | None = None,
+                 port: int = 30000, startup_timeout: float = 600.0, python: str | None = None):
+        env = server_env(prefix) if prefix else None
+        log_dir = Path(log_dir)
+        self.servers = [SGLangServer(cmd, log_dir / f"sglang-{i}.log", python=python, env=env,
+                                     startup_timeout=startup_timeout)
+                        for i, cmd in enumerate(regeneration_commands(model_path, count, port=port))]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.base_url for s in self.servers]
+
+    @property
+    def startup_s(self) -> float:
+        return max(s.startup_s for s in self.servers)
+
+    def __enter__(self) -> "TargetServers":
+        try:
+            for s in self.servers:
+                s.launch()
+            for s in self.servers:
+                s.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 # ---------------------------------------------------------------------------- command line
