@@ -2,23 +2,21 @@
 # Issue 17 part 6 on the GPU machine (after sglang.sh installed SGLang in an earlier warm call): does
 # regeneration through SGLang scale with servers on the one GPU? On this 135M target one server's
 # scheduler, not the GPU, sets the pace (regen_feed.sh: 15.4K tok/s with 651 running requests), so
-# K servers (each --max-running-requests 512, CUDA graphs up to 512, mem fraction MEM each, own ports)
+# K servers (sglang.server.regeneration_commands: 512 running, graphs up to 512, a fixed KV pool, own ports)
 # are fed by one client over all their URLs (`draftlab regenerate --base-url U1 --base-url U2 ...`,
 # CONCURRENCY in flight per server). The same first N rows with 1, 2 .. K servers, then the whole
 # train split (FULL=1) with all K. Results: $OUT/regen_servers.json, written after each part.
 source "$(dirname "$0")/common.sh"
-K=${K:-4}; N=${N:-4096}; CONCURRENCY=${CONCURRENCY:-512}; MEM=${MEM:-0.18}; FULL=${FULL:-1}
+K=${K:-4}; N=${N:-4096}; CONCURRENCY=${CONCURRENCY:-512}; MEM=${MEM:-0.5}; FULL=${FULL:-1}
 d=$DL/servers; rm -rf "$d"; mkdir -p "$d"
 xz -dc results/reference/data/regen/train.jsonl.xz > "$d/train.jsonl"
 head -n "$N" "$d/train.jsonl" > "$d/rows.jsonl"
 common=(--model "$MODEL_DIR" --concurrency "$CONCURRENCY" --timeout 600 --max-tokens 256 --temperature 0
         --truncation keep_flag --no-progress)
-server_command() {  # server_command I: the regeneration server I of K
+server_command() {  # server_command I: the regeneration server I of K (sglang.server.regeneration_commands)
   python3 -c "
-from draftlab.core.serve import sglang_target_command
-print(sglang_target_command('$MODEL_DIR', port=$((30000 + $1)), mem_fraction_static=$MEM, max_running_requests=512,
-      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
-             '--cuda-graph-max-bs', '512', '--max-total-tokens', '600000', '--nccl-port', '$((31000 + $1))')))"
+from draftlab.sglang.server import regeneration_commands
+print(regeneration_commands('$MODEL_DIR', $K, mem_fraction_static=$MEM)[$1])"
 }
 PIDS=()
 trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}"' EXIT
