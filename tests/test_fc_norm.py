@@ -316,9 +316,8 @@ def test_train_settings_refuse_eagle1_norm_and_old_checkpoints_resume(tmp_path):
 
 def test_trained_per_layer_draft_round_trips_through_export(tmp_path, tiny_target):
     """A few TTT steps move the norms off 1; the export loads back with the same logits."""
-    from test_train import small_config, write_fixture
-
     from draftlab.train_draft import train
+    from test_train import small_config, write_fixture
 
     files = write_fixture(tmp_path / "regen", n_train=8, n_val=2, new_tokens=12)
     r = train(small_config(files, tmp_path / "eagle3", epochs=1, max_batch=2, stop_after=3, fc_norm="per_layer",
