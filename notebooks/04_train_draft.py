@@ -36,6 +36,7 @@ MAX_LEN = 384  # tokens per conversation
 OVERLONG = "truncate"  # truncate | drop: what happens to longer conversations (both are counted)
 DRAFT_VOCAB_SIZE = 2048  # draft vocabulary (most frequent assistant tokens); 32000 for large data
 INTERMEDIATE_SIZE = 768  # draft MLP width; 0: the target's
+FC_NORM = "none"  # RMSNorm before fc (eagle3 only): none | per_layer (SGLang fc_norm) | concat (norm_before_fc)
 TTT_STEPS = 4  # training-time-test unroll (EAGLE-3 uses 7); loss weight 0.8^i
 EPOCHS = 1.0  # passes over the training conversations
 BATCH_TOKENS = 1024  # padded tokens per micro-batch
@@ -81,7 +82,8 @@ print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_
 # %%
 recipe = dict(
     train_file=str(train_file), val_file=str(val_file), target=TARGET, device=run.device,
-    draft_vocab_size=DRAFT_VOCAB_SIZE, intermediate_size=INTERMEDIATE_SIZE, init_from_target=INIT_FROM_TARGET,
+    draft_vocab_size=DRAFT_VOCAB_SIZE, intermediate_size=INTERMEDIATE_SIZE, fc_norm=FC_NORM,
+    init_from_target=INIT_FROM_TARGET,
     max_len=MAX_LEN, overlong=OVERLONG, max_train_samples=TRAIN_SAMPLES, max_val_samples=VAL_SAMPLES, epochs=EPOCHS,
     batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN,
     eval_every=EVAL_EVERY, save_every=SAVE_EVERY, log_every=max(1, EVAL_EVERY // 5), seed=SEED,

@@ -31,6 +31,8 @@ EXPECTED = [
     ("unequal_batch_cap", "max_running_requests", "error"),
     ("fc_eagle1_width", "fc_width", "error"),
     ("hidden_from_other_target", "hidden_size", "error"),
+    ("fc_norm_without_tensors", "fc_norm", "error"),
+    ("norm_tensor_without_key", "fc_norm", "error"),
     ("no_eagle_config", "capture_layers_present", "warning"),
     ("layer_out_of_range", "capture_layers_range", "error"),
     ("input_of_layer_ids", "capture_layers_convention", "warning"),

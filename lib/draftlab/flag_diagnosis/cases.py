@@ -129,6 +129,13 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
                tensor_fn=lambda t: t.update({"fc.weight": torch.zeros(h, 2 * h)}))
     draft_case("hidden_from_other_target", "hidden_size", "error", "config.json copied from a 2x wider target",
                config_fn=lambda c: c.update(hidden_size=2 * h))
+    # --- norms before fc (EAGLE 3.1): SGLang reads the config key and the tensors independently
+    draft_case("fc_norm_without_tensors", "fc_norm", "error",
+               "fc_norm: true in config.json, no fc_norm.{0,1,2}.weight exported (SGLang runs them at weight 1)",
+               config_fn=lambda c: c.update(fc_norm=True))
+    draft_case("norm_tensor_without_key", "fc_norm", "error",
+               "input_norm.weight exported without norm_before_fc (SGLang skips it silently)",
+               tensor_fn=lambda t: t.update({"input_norm.weight": torch.ones(3 * h)}))
     # --- capture layers
     draft_case("no_eagle_config", "capture_layers_present", "warning", "eagle_config left out of config.json",
                config_fn=_pop("eagle_config"))

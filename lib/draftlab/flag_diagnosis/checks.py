@@ -24,7 +24,7 @@ from draftlab.model.capture import (
     outside_target,
     trained_layers,
 )
-from draftlab.model.contract import EAGLE3_ARCH, expected_tensors
+from draftlab.model.contract import EAGLE3_ARCH, FC_NORM_TENSORS, LEGACY_FC_NORM_NAMES, expected_tensors, fc_norms
 
 # ---------------------------------------------------------------------------------------------
 # Checks: each returns a list of Findings (an "ok" Finding when it passed)
@@ -92,6 +92,45 @@ def check_fc_width(d: DraftFiles, t: TargetInfo) -> list:
     return [
         Finding("fc_width", "ok", f"fc.weight {_fmt(shape)} takes 3 x {t.hidden_size}", where=str(d.weight_files[0]))
     ]
+
+
+def check_fc_norm(d: DraftFiles) -> list:
+    """The norms before fc (EAGLE 3.1): config keys and tensors agree as SGLang 0.5.17 reads them.
+
+    SGLang builds a norm from its key alone and loads whatever weight it finds: a key without its
+    tensors serves an untrained norm (weight 1), tensors without their key are skipped. No error either way.
+    """
+    if not d.uses_aux:
+        return []
+    where, norms = str(d.config_path), fc_norms(d.config)
+    names = {LEGACY_FC_NORM_NAMES.get(n, n) for n in d.tensors}  # SGLang renames aux_norm_low|mid|high
+    keys = {"concat": ("norm_before_fc", _config_fix("eagle_config", {**d.eagle_config, "norm_before_fc": True})),
+            "per_layer": ("fc_norm", _config_fix("fc_norm", True))}
+    out = []
+    for norm, tensors in FC_NORM_TENSORS.items():
+        key, fix = keys[norm]
+        present = [n for n in tensors if n in names]
+        if norm in norms and len(present) < len(tensors):
+            lacking = ", ".join(n for n in tensors if n not in names)
+            out.append(Finding(
+                "fc_norm", "error", f"config.json sets {key} but model.safetensors lacks {lacking}",
+                "SGLang builds the norm before fc and finds no weight for it: it keeps its initial 1s, so fc sees "
+                "states normed without the trained scales, with no error",
+                f"export the draft's {', '.join(tensors)}, or remove {key} from config.json if the draft was "
+                "trained without it", where))
+        elif present and norm not in norms:
+            nested = " (eagle_config.fc_norm is not read: SGLang reads fc_norm at the top level only)" if (
+                norm == "per_layer" and "fc_norm" in d.eagle_config) else ""
+            out.append(Finding(
+                "fc_norm", "error", f"model.safetensors has {', '.join(present)} but config.json does not set "
+                                    f"{key}{nested}",
+                "SGLang then builds no norm before fc and skips these tensors silently: fc gets un-normed states "
+                "the draft was not trained on", fix, where))
+    if not out:
+        what = (" then ".join(f"{keys[n][0]} ({', '.join(FC_NORM_TENSORS[n])})" for n in norms) if norms
+                else "no norm before fc (fc_norm, norm_before_fc unset; no such tensors)")
+        out.append(Finding("fc_norm", "ok", what, where=where))
+    return out
 
 
 def check_capture_layers(d: DraftFiles, t: TargetInfo) -> list:
@@ -248,9 +287,11 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
                                                                               "listed in the contract",
                         str(d.config_path))]
     out = []
-    found = set(d.tensors)
-    unknown = sorted(found - set(expected))
-    missing = sorted(set(expected) - found)
+    in_file = {LEGACY_FC_NORM_NAMES.get(n, n): n for n in d.tensors}  # SGLang's name -> the file's
+    found = set(in_file)
+    norms = {n for names in FC_NORM_TENSORS.values() for n in names}  # present or absent: check_fc_norm's
+    unknown = sorted(found - set(expected) - norms)
+    missing = sorted(set(expected) - found - norms)
     prefixed = {}
     for name in unknown:
         for prefix in KNOWN_PREFIXES:
@@ -301,9 +342,9 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
         out.append(Finding("missing_tensors", "ok", f"all {len(expected)} contract tensors present", where=where))
     own_checks = {"fc.weight", "lm_head.weight", "d2t", "t2d"}  # their shapes have dedicated checks
     wrong = [
-        (n, d.tensors[n][0], expected[n])
+        (n, d.tensors[in_file[n]][0], expected[n])
         for n in sorted(found & set(expected))
-        if n not in own_checks and tuple(d.tensors[n][0]) != expected[n]
+        if n not in own_checks and tuple(d.tensors[in_file[n]][0]) != expected[n]
     ]
     if wrong:
         desc = "; ".join(f"{n} is {_fmt(g)}, config implies {_fmt(w)}" for n, g, w in wrong[:4])

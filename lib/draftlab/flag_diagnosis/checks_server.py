@@ -8,6 +8,7 @@ from draftlab.core.launch import set_flag
 from draftlab.flag_diagnosis.checks import (
     check_architecture,
     check_capture_layers,
+    check_fc_norm,
     check_fc_width,
     check_hidden_size,
     check_rope,
@@ -210,6 +211,7 @@ def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: lis
     if draft is not None and target is not None:
         findings += check_hidden_size(draft, target)
         findings += check_fc_width(draft, target)
+        findings += check_fc_norm(draft)
         findings += check_capture_layers(draft, target)
         findings += check_vocab(draft, target)
         findings += check_d2t_mapping(draft, target)

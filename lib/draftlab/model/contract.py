@@ -8,6 +8,41 @@ from __future__ import annotations
 
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 
+# ---- the norms before fc (EAGLE 3.1) ---------------------------------------------------------
+# SGLang 0.5.17 (srt/models/llama_eagle3.py, LlamaModel) can RMS-normalise the concatenated target
+# states before fc, in this order: "concat" (norm_before_fc: one norm over the whole 3T width,
+# weight input_norm.weight), then "per_layer" (fc_norm, legacy use_aux_norm: one norm per captured
+# state over its T-wide chunk, weights fc_norm.{0,1,2}.weight, legacy aux_norm_low|mid|high). Both
+# use rms_norm_eps, both are skipped with fc when the incoming width is H (the EAGLE flag).
+FC_NORMS = ("none", "per_layer", "concat")  # the draft option; SGLang can also combine the two
+FC_NORM_TENSORS = {"concat": ("input_norm.weight",),
+                   "per_layer": ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")}
+# SGLang's load_weights renames these (substring replace) before loading; the contract writes the new names.
+LEGACY_FC_NORM_NAMES = {"aux_norm_low.weight": "fc_norm.0.weight", "aux_norm_mid.weight": "fc_norm.1.weight",
+                        "aux_norm_high.weight": "fc_norm.2.weight"}
+
+
+def fc_norms(config) -> tuple[str, ...]:
+    """The norms SGLang builds before fc for a draft config (dict or config object), in the order it
+    applies them: () | ("concat",) | ("per_layer",) | ("concat", "per_layer").
+
+    Read as SGLang reads them, Python truthiness included: norm_before_fc from eagle_config, else the
+    top level; fc_norm, else the legacy use_aux_norm, at the top level only.
+    """
+    get = config.get if isinstance(config, dict) else (lambda key, default=None: getattr(config, key, default))
+    eagle = get("eagle_config", None)
+    eagle = eagle if isinstance(eagle, dict) else {}
+    concat = bool(eagle.get("norm_before_fc", get("norm_before_fc", False)))
+    per_layer = bool(get("fc_norm", None) or get("use_aux_norm", False))
+    return (("concat",) if concat else ()) + (("per_layer",) if per_layer else ())
+
+
+def fc_norm_keys(norms) -> tuple[dict, dict]:
+    """(top-level keys, eagle_config keys) that make SGLang build `norms` (as fc_norms returns them)."""
+    top = {"fc_norm": True} if "per_layer" in norms else {}
+    eagle = {"norm_before_fc": True} if "concat" in norms else {}
+    return top, eagle
+
 
 def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: bool | None = None) -> dict:
     """name -> shape (a tuple) that SGLang's LlamaForCausalLMEagle3 allocates for a draft config.
@@ -15,7 +50,7 @@ def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: b
     target_hidden: the width T of one captured target state (the draft's hidden_size when not
     given; equal in every shipped config). uses_aux: whether fc exists (default: the config's
     eagle_config.use_aux_hidden_state, true when absent). Raises KeyError/TypeError/ValueError
-    when the config lacks a field the shapes need.
+    when the config lacks a field the shapes need. The norms before fc follow the config (fc_norms).
     """
     h = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -42,7 +77,11 @@ def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: b
         "t2d": (int(config["vocab_size"]),),
     }
     if uses_aux:
-        shapes["fc.weight"] = (h, 3 * int(target_hidden or h))
+        t = int(target_hidden or h)
+        shapes["fc.weight"] = (h, 3 * t)
+        for norm in fc_norms(config):
+            width = 3 * t if norm == "concat" else t  # input_norm over [.., 3T]; each fc_norm.i over one [.., T] chunk
+            shapes.update({name: (width,) for name in FC_NORM_TENSORS[norm]})
     return shapes
 
 
@@ -54,7 +93,7 @@ def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: b
 INT_FIELDS = ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "num_hidden_layers", "max_position_embeddings")
 FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
-BOOL_FIELDS = ("tie_word_embeddings",)
+BOOL_FIELDS = ("tie_word_embeddings", "fc_norm", "use_aux_norm", "norm_before_fc")
 
 
 def _kind(value) -> str:
@@ -81,7 +120,8 @@ def field_type_problems(config: dict) -> list[str]:
 
     Integers must be JSON integers above 0 (true/false are not integers, 64.0 is not 64); floats any
     JSON number; booleans true or false. A null value counts as absent (the missing-key checks
-    report those). Also reads rope_parameters.rope_theta and eagle_config.use_aux_hidden_state.
+    report those). Also reads rope_parameters.rope_theta and eagle_config.use_aux_hidden_state and
+    .norm_before_fc.
     """
     rope, eagle = config.get("rope_parameters"), config.get("eagle_config")
     floats = [(k, config.get(k)) for k in FLOAT_FIELDS]
@@ -89,7 +129,7 @@ def field_type_problems(config: dict) -> list[str]:
         floats.append(("rope_parameters.rope_theta", rope.get("rope_theta")))
     bools = [(k, config.get(k)) for k in BOOL_FIELDS]
     if isinstance(eagle, dict):
-        bools.append(("eagle_config.use_aux_hidden_state", eagle.get("use_aux_hidden_state")))
+        bools += [(f"eagle_config.{k}", eagle.get(k)) for k in ("use_aux_hidden_state", "norm_before_fc")]
     groups = (  # (fields, accepted, what was expected, why a string is not accepted)
         ([(k, config.get(k)) for k in INT_FIELDS], _is_positive_int, "a positive integer", ""),
         (floats, _is_number, "a number", ""),

@@ -11,6 +11,9 @@ Alignment (same as SGLang's llama_eagle3):
 
 The EAGLE-1-style variant (config.eagle_config["use_aux_hidden_state"] = False) takes the
 target's final (post-norm) hidden state directly: no fc, otherwise the same module.
+
+EAGLE 3.1's norms before fc (model.contract.fc_norms) are built from the config keys SGLang reads
+and applied where SGLang applies them, inside `project`, so the engine stays SGLang's oracle.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from draftlab.model.capture import (
     is_deepseek,
     recorded_deepseek,
 )
+from draftlab.model.contract import FC_NORMS, LEGACY_FC_NORM_NAMES, fc_norm_keys, fc_norms
 from draftlab.model.target import text_config
 
 
@@ -58,8 +62,16 @@ def make_draft_config(
     bos_token_id: int | None = None,
     eos_token_id=None,
     pad_token_id: int | None = None,
+    fc_norm: str = "none",
 ) -> LlamaConfig:
-    """A LlamaConfig with the contract's extra keys (draft_vocab_size, eagle_config)."""
+    """A LlamaConfig with the contract's extra keys (draft_vocab_size, eagle_config).
+
+    fc_norm: the norm before fc (model.contract.FC_NORMS), written as SGLang's own config keys so
+    that export and loading need no translation; "none" adds no key at all."""
+    if fc_norm not in FC_NORMS:
+        raise ValueError(f"fc_norm {fc_norm!r}: expected one of {', '.join(FC_NORMS)}")
+    if fc_norm != "none" and not use_aux:
+        raise ValueError(f"fc_norm {fc_norm!r} needs fc: the EAGLE-1-style draft (use_aux false) has none")
     head_dim = head_dim or hidden_size // num_attention_heads
     rope_parameters = {"rope_type": "default", "rope_theta": float(rope_theta)}
     if rope_scaling:
@@ -90,6 +102,10 @@ def make_draft_config(
         "eagle_aux_hidden_state_layer_ids": list(capture_layers) if capture_layers is not None else None,
         "use_aux_hidden_state": bool(use_aux),
     }
+    top, eagle = fc_norm_keys(() if fc_norm == "none" else (fc_norm,))
+    for key, value in top.items():
+        setattr(cfg, key, value)
+    cfg.eagle_config.update(eagle)
     return cfg
 
 
@@ -101,6 +117,7 @@ def draft_config_for_target(
     intermediate_size: int | None = None,
     use_aux: bool = True,
     max_position_embeddings: int | None = None,
+    fc_norm: str = "none",
 ) -> LlamaConfig:
     """Draft config matching a target's (transformers) config: same H, V, heads, rope."""
     tc = text_config(target_config)
@@ -129,6 +146,7 @@ def draft_config_for_target(
         bos_token_id=tc.bos_token_id,
         eos_token_id=eos,
         pad_token_id=getattr(tc, "pad_token_id", None),
+        fc_norm=fc_norm,
     )
     # Export writes SGLang's config ids by the target family's rule (model.capture).
     if is_deepseek(getattr(tc, "model_type", None), getattr(target_config, "architectures", None)):
@@ -202,6 +220,12 @@ class Eagle3Draft(nn.Module):
         h, vd, v = config.hidden_size, config.draft_vocab_size, config.vocab_size
         if self.use_aux:
             self.fc = nn.Linear(3 * h, h, bias=False)
+        # Norms before fc, named as SGLang's checkpoint names them (input_norm, fc_norm.i); none by default.
+        self.fc_norms = fc_norms(config) if self.use_aux else ()
+        eps = config.rms_norm_eps
+        self.input_norm = LlamaRMSNorm(3 * h, eps=eps) if "concat" in self.fc_norms else None
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(h, eps=eps) for _ in range(3)])
+                        if "per_layer" in self.fc_norms else None)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
@@ -254,10 +278,18 @@ class Eagle3Draft(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------
     def project(self, aux: torch.Tensor) -> torch.Tensor:
-        """[B,T,3H] captured target states -> [B,T,H]; identity for the EAGLE-1 variant."""
+        """[B,T,3H] captured target states -> [B,T,H]; identity for the EAGLE-1 variant.
+
+        The norms before fc run in SGLang's order: input_norm over all 3H, then fc_norm.i per chunk."""
         if not self.use_aux:
             return aux
-        return self.fc(aux.to(self.fc.weight.dtype))
+        x = aux.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            chunks = x.chunk(3, dim=-1)  # 3 x [B,T,H]: (low, mid, high)
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)  # [B,T,3H]
+        return self.fc(x)
 
     def _embed_ids(self, input_ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -377,7 +409,7 @@ def load_draft(folder, target) -> Eagle3Draft:
             f"does not fit target {target.name} (hidden_size={target.hidden_size}, vocab_size={target.vocab_size})"
         )
     draft = Eagle3Draft(config, target.model.get_input_embeddings())
-    state = load_file(str(w_path))
+    state = {LEGACY_FC_NORM_NAMES.get(n, n): t for n, t in load_file(str(w_path)).items()}  # as SGLang renames
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{w_path}: missing tensors {missing}, unexpected tensors {unexpected}")

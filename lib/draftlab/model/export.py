@@ -15,7 +15,15 @@ import torch
 
 from draftlab.core.files import atomic_path, atomic_write
 from draftlab.model.capture import config_ids, outside_target, recorded_deepseek
-from draftlab.model.contract import EAGLE3_ARCH, expected_tensors, field_type_problems, safetensors_layout
+from draftlab.model.contract import (
+    EAGLE3_ARCH,
+    FC_NORM_TENSORS,
+    LEGACY_FC_NORM_NAMES,
+    expected_tensors,
+    fc_norm_keys,
+    field_type_problems,
+    safetensors_layout,
+)
 from draftlab.model.target import target_dims
 
 CONFIG_REQUIRED = (
@@ -24,6 +32,7 @@ CONFIG_REQUIRED = (
     "rope_theta", "max_position_embeddings", "tie_word_embeddings", "eagle_config",
 )
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_NORM_NAMES = {n for names in FC_NORM_TENSORS.values() for n in names}  # the norms before fc
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -49,6 +58,12 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
     deepseek = d.pop("capture_convention", None) == "deepseek"
     eagle = {"eagle_aux_hidden_state_layer_ids": config_ids(layers, deepseek) if layers is not None else None,
              "use_aux_hidden_state": bool(draft.use_aux)}
+    # The norms before fc the draft runs, in SGLang's canonical keys (a legacy use_aux_norm is rewritten).
+    for key in ("fc_norm", "use_aux_norm", "norm_before_fc"):
+        d.pop(key, None)
+    top, eagle_norms = fc_norm_keys(draft.fc_norms)
+    d.update(top)
+    eagle.update(eagle_norms)
     d["eagle_config"] = eagle
     if layers is not None:
         d["draftlab"] = {"capture_layers": [int(i) for i in layers]}
@@ -191,7 +206,9 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
     for name, shape in exp.items():
         if name not in tensors:
             p.append(f"model.safetensors: tensor {name} missing" + (
-                " (SGLang would leave it randomly initialised)" if name == "fc.weight" else ""))
+                " (SGLang would leave it randomly initialised)" if name == "fc.weight" else
+                " (config.json asks for this norm before fc; SGLang would run it with weight 1)"
+                if name in _NORM_NAMES else ""))
             continue
         got_shape, got_dtype = tensors[name]
         if list(got_shape) != shape:
@@ -208,6 +225,12 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
             p.append(f"model.safetensors: {name}: prefixed name (SGLang skips it silently)")
         elif name.endswith(".bias"):
             p.append(f"model.safetensors: {name}: bias tensors are not part of the contract")
+        elif name in LEGACY_FC_NORM_NAMES:
+            p.append(f"model.safetensors: {name}: legacy name (SGLang renames it to {LEGACY_FC_NORM_NAMES[name]}, "
+                     "which the contract writes)")
+        elif name in _NORM_NAMES:
+            p.append(f"model.safetensors: {name}: a norm before fc that config.json does not turn on (SGLang "
+                     "skips it silently: fc gets un-normed states)")
         else:
             p.append(f"model.safetensors: unexpected tensor {name} (SGLang skips it silently)")
     return p

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
+from draftlab.model.contract import FC_NORMS
 from draftlab.model.export import export_draft, validate
 from draftlab.model.target import TargetError, read_config
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
@@ -24,7 +25,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
     ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
     choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"],
-               "attention": list(ATTENTION_KERNELS)}
+               "attention": list(ATTENTION_KERNELS), "fc_norm": list(FC_NORMS)}
     notes = field_comments()  # each field's comment in train_draft/config.py
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")

@@ -26,6 +26,7 @@ class TrainConfig:
     capture_layers: list = field(default_factory=list)  # empty: SGLang default [2, N//2, N-3]
     draft_vocab_size: int = 32000  # draft vocabulary: the most frequent assistant tokens (d2t/t2d maps)
     intermediate_size: int = 0  # draft MLP width; 0: the target's
+    fc_norm: str = "none"  # RMSNorm before fc: none | per_layer (SGLang fc_norm) | concat (norm_before_fc)
     init_from_target: bool = False  # lm_head rows and final norm from the target (worse on quick: notes/issue5.md)
     max_len: int = 2048  # tokens per conversation
     overlong: str = "truncate"  # conversations longer than max_len: truncate | drop

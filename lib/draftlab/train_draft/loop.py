@@ -25,6 +25,7 @@ from draftlab.core.files import atomic_write_json
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError
 from draftlab.model.chat_data import load_tokenized
+from draftlab.model.contract import FC_NORMS
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import OfflineHidden, precompute_hidden
 from draftlab.model.target import autocast, avoid_cudnn_attention, load_target, resolve_device
@@ -98,6 +99,9 @@ class TrainingRun:
             raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
         if cfg.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
+        if cfg.fc_norm not in FC_NORMS or (cfg.fc_norm != "none" and cfg.arch != "eagle3"):
+            raise ValueError(f"fc_norm = {cfg.fc_norm!r}, expected one of {list(FC_NORMS)} (eagle3 only: eagle1 "
+                             "has no fc)")
         if not cfg.train_file:
             raise RecordError("train_file is not set (--train-file: canonical conversations, JSONL)")
         for name in ("train_file", "val_file"):
@@ -166,7 +170,8 @@ class TrainingRun:
         self.draft_ids = build_draft_vocab(self.counts, cfg.draft_vocab_size)
         self.layers = list(cfg.capture_layers) or target.capture_layers
         dcfg = draft_config_for_target(target.config, draft_vocab_size=cfg.draft_vocab_size, capture_layers=self.layers,
-                                       intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3")
+                                       intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3",
+                                       fc_norm=cfg.fc_norm)
         draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
         draft.set_vocab(self.draft_ids)
         if cfg.init_from_target:
@@ -391,8 +396,9 @@ def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise RecordError(f"{ck / 'state.json'}: not a training checkpoint's state ({exc!r}); use another out_dir "
                           f"or delete {ck} to start afresh") from None
-    new = asdict(cfg)
-    diff = {k: (old.get(k), new[k]) for k in new if k not in RESUME_FREE and old.get(k) != new[k]}
+    new, defaults = asdict(cfg), asdict(TrainConfig())  # a setting added since the checkpoint: its default
+    diff = {k: (old.get(k, defaults[k]), new[k]) for k in new
+            if k not in RESUME_FREE and old.get(k, defaults[k]) != new[k]}
     if diff:
         raise RecordError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
                          f"delete {ck.parent} to start afresh")

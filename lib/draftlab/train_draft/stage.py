@@ -28,8 +28,13 @@ def training_inputs(run_dir, val_samples: int, seed: int) -> tuple[Path, Path]:
 
 
 def train_configs(run_dir, archs, recipe: dict) -> dict:
-    """One TrainConfig per architecture, each in RUN_DIR/train/<arch>."""
-    return {arch: TrainConfig(**recipe, arch=arch, out_dir=str(Path(run_dir) / "train" / arch)) for arch in archs}
+    """One TrainConfig per architecture, each in RUN_DIR/train/<arch>; the recipe's norm before fc
+    (fc_norm) goes to eagle3 only, the one architecture with an fc."""
+    def for_arch(arch):
+        return {**recipe, "fc_norm": recipe.get("fc_norm", "none") if arch == "eagle3" else "none"}
+
+    return {arch: TrainConfig(**for_arch(arch), arch=arch, out_dir=str(Path(run_dir) / "train" / arch))
+            for arch in archs}
 
 
 def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume: bool, export_dtype: str):
