@@ -334,3 +334,37 @@ def test_trained_per_layer_draft_round_trips_through_export(tmp_path, tiny_targe
         a = draft(ids, draft.project(aux), torch.arange(6)[None])[0]
         b = back(ids, back.project(aux), torch.arange(6)[None])[0]
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_sglang_loads_names_as_its_0_5_17_loader_does():
+    """llama_eagle3.load_weights: legacy substrings renamed, then the name or `model.` + it among its
+    parameters (the layers under model., lm_head at the top); d2t/t2d by substring."""
+    from draftlab.model.contract import sglang_loads_as
+
+    names = {"fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+             "fc_norm.0.weight"}
+    assert sglang_loads_as("midlayer.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
+    assert sglang_loads_as("layers.0.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
+    assert sglang_loads_as("model.midlayer.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
+    assert sglang_loads_as("model.fc.weight", names) == "fc.weight"
+    assert sglang_loads_as("aux_norm_low.weight", names) == "fc_norm.0.weight"
+    assert sglang_loads_as("draft_model.d2t", names) == "d2t"
+    for skipped in ("model.lm_head.weight", "draft_model.fc.weight", "module.midlayer.mlp.up_proj.weight",
+                    "embed_tokens.weight"):
+        assert sglang_loads_as(skipped, names) is None, skipped
+
+
+def test_the_doctor_passes_names_sglang_loads_and_flags_those_it_skips(tmp_path):
+    """`model.`-prefixed layers load in SGLang 0.5.17 (an info line); `draft_model.` ones do not (an error)."""
+
+    def findings(name, prefix, starts):
+        folder = good_draft(tmp_path / name, "tiny", draft_vocab_size=256)
+        edit_tensors(folder, lambda t: [t.__setitem__(prefix + k, t.pop(k)) for k in list(t) if k.startswith(starts)])
+        return [f for f in diagnose(str(folder), "tiny")["findings"]
+                if f.check in ("unknown_tensors", "missing_tensors") and f.severity != "ok"]
+
+    ok = findings("model", "model.", ("midlayer.", "fc.", "norm."))
+    assert [f.severity for f in ok] == ["info"] and "load under another spelling" in ok[0].what
+    bad = findings("draft_model", "draft_model.", ("midlayer.",))
+    assert [f.severity for f in bad if f.check == "unknown_tensors"] == ["error"]
+    assert "draft_model.midlayer" in bad[0].what and any(f.check == "missing_tensors" for f in bad)

@@ -24,7 +24,14 @@ from draftlab.model.capture import (
     outside_target,
     trained_layers,
 )
-from draftlab.model.contract import EAGLE3_ARCH, FC_NORM_TENSORS, LEGACY_FC_NORM_NAMES, expected_tensors, fc_norms
+from draftlab.model.contract import (
+    EAGLE3_ARCH,
+    FC_NORM_TENSORS,
+    LEGACY_FC_NORM_NAMES,
+    expected_tensors,
+    fc_norms,
+    sglang_loads_as,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Checks: each returns a list of Findings (an "ok" Finding when it passed)
@@ -287,18 +294,25 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
                                                                               "listed in the contract",
                         str(d.config_path))]
     out = []
-    in_file = {LEGACY_FC_NORM_NAMES.get(n, n): n for n in d.tensors}  # SGLang's name -> the file's
-    found = set(in_file)
     norms = {n for names in FC_NORM_TENSORS.values() for n in names}  # present or absent: check_fc_norm's
-    unknown = sorted(found - set(expected) - norms)
+    known = set(expected) | norms
+    loads_as = {n: sglang_loads_as(n, known) for n in d.tensors}  # the file's name -> the contract's (None: skipped)
+    in_file = {c: n for n, c in loads_as.items() if c is not None}  # the contract's name -> the file's
+    found = set(in_file)
+    unknown = sorted(n for n, c in loads_as.items() if c is None)
     missing = sorted(set(expected) - found - norms)
+    renamed = sorted(n for n, c in loads_as.items() if c is not None and c != n and n not in LEGACY_FC_NORM_NAMES)
+    if renamed:
+        pairs = ", ".join(f"{n} -> {loads_as[n]}" for n in renamed[:4])
+        out.append(Finding(
+            "unknown_tensors", "info", f"{len(renamed)} tensors load under another spelling ({pairs})",
+            "SGLang 0.5.17 renames midlayer to layers.0 and also tries a `model.` prefix; other loaders may not",
+            "rename them to contract names to be safe: " + pairs, where))
     prefixed = {}
     for name in unknown:
         for prefix in KNOWN_PREFIXES:
-            if name.startswith(prefix) and name[len(prefix):] in expected:
+            if name.startswith(prefix) and sglang_loads_as(name[len(prefix):], known) is not None:
                 prefixed[name] = name[len(prefix):]
-        if name.startswith("layers.0.") and "midlayer." + name[len("layers.0."):] in expected:
-            prefixed[name] = "midlayer." + name[len("layers.0."):]
     if prefixed:
         pairs = ", ".join(f"{a} -> {b}" for a, b in list(prefixed.items())[:4])
         out.append(Finding(

@@ -17,9 +17,35 @@ EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 FC_NORMS = ("none", "per_layer", "concat")  # the draft option; SGLang can also combine the two
 FC_NORM_TENSORS = {"concat": ("input_norm.weight",),
                    "per_layer": ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")}
-# SGLang's load_weights renames these (substring replace) before loading; the contract writes the new names.
-LEGACY_FC_NORM_NAMES = {"aux_norm_low.weight": "fc_norm.0.weight", "aux_norm_mid.weight": "fc_norm.1.weight",
-                        "aux_norm_high.weight": "fc_norm.2.weight"}
+# SGLang 0.5.17's LlamaForCausalLMEagle3.load_weights renames these substrings of a checkpoint name before
+# loading (llama_eagle3.py, legacy_name_map); the contract writes midlayer and the new fc_norm names.
+SGLANG_RENAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
+                  "aux_norm_high": "fc_norm.2"}
+LEGACY_FC_NORM_NAMES = {f"{old}.weight": f"{new}.weight" for old, new in SGLANG_RENAMES.items()
+                        if old.startswith("aux_")}
+
+
+def _sglang_param(contract_name: str) -> str:
+    """Where SGLang 0.5.17 keeps a contract tensor: lm_head at the top, the rest under `model.`."""
+    if contract_name == "lm_head.weight":
+        return contract_name
+    return "model." + contract_name.replace("midlayer.", "layers.0.", 1)
+
+
+def sglang_loads_as(name: str, contract_names) -> str | None:
+    """The contract name a checkpoint tensor `name` is loaded into by SGLang 0.5.17, or None when its
+    loader skips it without a message.
+
+    The loader renames SGLANG_RENAMES' substrings, then looks the name up among its parameters, and
+    `model.` + the name after that (so `model.midlayer.*` and `layers.0.*` load too, `model.lm_head.weight`
+    does not); any name containing d2t or t2d is read as that buffer."""
+    for buffer in ("d2t", "t2d"):
+        if buffer in name:
+            return buffer if buffer in contract_names else None
+    params = {_sglang_param(c): c for c in contract_names if c not in ("d2t", "t2d")}
+    for old, new in SGLANG_RENAMES.items():
+        name = name.replace(old, new)
+    return params.get(name, params.get("model." + name))
 
 
 def fc_norms(config) -> tuple[str, ...]:
