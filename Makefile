@@ -2,8 +2,11 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU build from this machine's disk; on a GPU machine set TORCH to a CUDA build, e.g. TORCH=torch==2.11.0
-TORCH ?= torch==2.13.0
+# CPU build from this machine's disk; on a GPU machine set TORCH to a CUDA build, e.g. TORCH=torch==2.11.0.
+# The venv keeps the requirement it was set up with (.torch-requirement): after `make setup TORCH=...`,
+# `make lab`, `make test` and `make demo` keep that torch instead of going back to the default.
+TORCH_DEFAULT := torch==2.13.0
+TORCH ?= $(or $(shell cat "$(VENV)/.torch-requirement" 2>/dev/null),$(TORCH_DEFAULT))
 STAMP := $(VENV)/.draftlab-installed
 # one stamp per torch requirement: `make setup TORCH=...` on an existing .venv installs that torch
 TORCH_STAMP = $(VENV)/.torch-$(subst /,_,$(TORCH))
@@ -31,7 +34,7 @@ setup: $(STAMP) $(TOOLS_STAMP)
 $(TORCH_STAMP):
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	@rm -f $(VENV)/.torch-* && touch "$@"
+	@rm -f $(VENV)/.torch-* && touch "$@" && echo "$(TORCH)" > $(VENV)/.torch-requirement
 
 $(STAMP): pyproject.toml $(TORCH_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]" "$(TORCH)"

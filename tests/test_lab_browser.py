@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,10 +22,35 @@ from helpers_lab import running_lab
 
 ROOT = Path(__file__).parents[1]
 CHROMIUM = os.environ.get("DRAFTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-PUBLISHED = [
-    "results/reference/executed/05_flag_diagnosis.ipynb",
-    "results/reference/executed/06_benchmark_acceptance.ipynb",
-]
+PUBLISHED_STEMS = ("05_flag_diagnosis", "06_benchmark_acceptance")
+
+
+def embeds_a_figure(path: Path) -> bool:
+    cells = json.loads(path.read_text())["cells"]
+    return any("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))
+
+
+def published_with_figures(stems=PUBLISHED_STEMS) -> list[str]:
+    """For each stem, one committed executed notebook that embeds a figure: results/reference's when it has one,
+    else another published run's. The reference run is re-pointed from run to run, so no path is typed here."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: what is on disk
+        listed = [str(p.relative_to(ROOT)) for p in ROOT.glob("results/*/executed/*.ipynb")]
+    paths = sorted((p for p in listed if p and (ROOT / p).is_file()), key=lambda p: (p.split("/")[1] != "reference", p))
+    chosen = []
+    for stem in stems:
+        found = next((p for p in paths if Path(p).stem == stem and embeds_a_figure(ROOT / p)), None)
+        assert found, f"no published results/*/executed/{stem}.ipynb embeds a figure"
+        chosen.append(found)
+    return chosen
+
 
 ERROR_LINE = re.compile(r"^\w+(Error|Exception): ", re.M)  # an error's last line (SyntaxError has no Traceback line)
 
@@ -187,13 +213,16 @@ def test_run_all_of_a_stage_whose_input_is_missing_stops_with_one_line(browser, 
 
 
 def test_published_executed_notebooks_show_their_figures_in_chromium(browser, tmp_path):
-    """The committed GPU-run notebooks, opened in Lab, render their figures (issue 20.3)."""
+    """The committed GPU-run notebooks, opened in Lab, render their figures (issue 20.3), and stay as committed:
+    opening one marks it changed (the kernel's language_info), so Lab serves them read-only and Ctrl+S and
+    autosave write nothing."""
     root = tmp_path / "root"
-    for rel in PUBLISHED:  # a copy, so nothing Lab does can touch the committed files
+    published = published_with_figures()
+    for rel in published:  # a copy, so nothing Lab does can touch the committed files
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, root / rel)
     with running_lab(root, tmp_path) as lab:
-        for rel in PUBLISHED:
+        for rel in published:
             cells = json.loads((ROOT / rel).read_text())["cells"]
             embedded = sum("image/png" in o.get("data", {}) for c in cells for o in c.get("outputs", []))
             page = open_in_lab(browser, lab, rel)
@@ -207,4 +236,9 @@ def test_published_executed_notebooks_show_their_figures_in_chromium(browser, tm
             )
             shot = screenshot(page, tmp_path, f"lab-{rel.split('/')[1]}-{Path(rel).stem}.png")
             assert figures.count() == embedded, f"{rel}: {embedded} figures embedded, {figures.count()} shown ({shot})"
+            assert lab.api("GET", f"contents/{rel}?content=0").json()["writable"] is False
+            page.locator(".jp-NotebookPanel").first.click()
+            page.keyboard.press("Control+s")  # as a user would; Lab says it is read-only
+            page.locator(".jp-toast-message:has-text('read-only')").first.wait_for(timeout=10_000)
+            assert (root / rel).read_bytes() == (ROOT / rel).read_bytes(), f"{rel}: Lab rewrote a published record"
             page.close()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from helpers_lab import running_lab
@@ -107,3 +108,28 @@ def test_lab_saves_tracked_notebooks_stripped_and_others_as_they_are(tmp_path):
         lab.api("PUT", "contents/scratch.ipynb", json={"type": "notebook", "format": "json", "content": nb})
         scratch = json.loads((root / "scratch.ipynb").read_text())
         assert any(c.get("outputs") for c in scratch["cells"]), "an untracked notebook lost its outputs"
+
+
+@pytest.mark.server
+def test_lab_serves_a_runs_executed_notebooks_read_only(tmp_path):
+    """Opening a published executed notebook marks it changed (the kernel rewrites language_info), so autosave
+    rewrote the committed record: Lab gets it as read-only (autosave skips it) and a save is refused."""
+    root = tmp_path / "root"
+    rel = "results/reference/executed/00_environment_check.ipynb"
+    (root / rel).parent.mkdir(parents=True)
+    shutil.copy(ROOT / rel, root / rel)
+    (root / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "00_environment_check.ipynb", root / "notebooks")
+    with running_lab(root, tmp_path) as lab:
+        model = lab.api("GET", f"contents/{rel}").json()
+        assert model["type"] == "notebook" and model["writable"] is False
+        assert lab.api("GET", "contents/notebooks/00_environment_check.ipynb").json()["writable"] is True
+        nb = model["content"]
+        nb["metadata"]["language_info"]["version"] = "3.0.0"
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            lab.api("PUT", f"contents/{rel}", json={"type": "notebook", "format": "json", "content": nb})
+        assert "read-only" in refused.value.response.text  # 403 from the hook; jupytext reports it as a 500
+        assert (root / rel).read_bytes() == (ROOT / rel).read_bytes()
+        copy = "results/reference/executed/00_copy.ipynb"  # Save As a new name is still possible
+        lab.api("PUT", f"contents/{copy}", json={"type": "notebook", "format": "json", "content": nb})
+        assert (root / copy).is_file()

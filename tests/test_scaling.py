@@ -93,6 +93,16 @@ def test_band_widens_when_points_scatter_more_than_their_errors():
     assert hi[0] - lo[0] > 0.1
 
 
+def test_the_scaling_figure_says_its_acceptance_is_simulated():
+    """07's dots are simulated from per-position rates, not decoded: the y axis says so (issue 20.8)."""
+    from draftlab.data_scaling.figures import plot_scaling
+
+    rows = [{"arch": "eagle3", "source": "scaling", "n": n, "sim_accept_len": 1.0 + n / 1000} for n in (100, 200)]
+    fig = plot_scaling(rows, {})
+    assert "simulated from per-position rates" in fig.axes[0].get_ylabel()
+    assert "real chain decoding" in fig.axes[0].get_ylabel()
+
+
 def test_extrapolation_prices_regeneration(tmp_path):
     _regen_dir(tmp_path, 10, 2)
     regen = scaling.regen_throughput(tmp_path)
