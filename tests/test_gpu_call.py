@@ -133,6 +133,7 @@ def test_call_from_env_deadline_and_knobs():
     assert Call.from_env({**env, "GPU_CALL_DEADLINE": "1050"}).deadline == 1050  # common.sh's own
     assert Call.from_env({**env, "GPU_CALL_DEADLINE": "1050"}, budget_s=20).deadline == 1020  # --budget-s wins
     assert Call.from_env(env, stages="06", overrides={"03": []}).overrides == {"03": []}
+    assert Call.from_env({**env, "RESULTS": "/r", "RUN_ID": "x"}).run == Path("/r/x")  # common.sh's RESULTS, RUN_ID
 
 
 def make_run(run: Path) -> None:

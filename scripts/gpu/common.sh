@@ -39,7 +39,7 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 gpu_step() {  # gpu_step COMMAND [ARGS]: draftlab.run.gpu_step with this shell's P<NN> (exported or not)
   local v over=()
   for v in ${!P@}; do [[ $v =~ ^P[0-9][0-9]$ ]] && over+=("--p${v#P}" "${!v}"); done
-  python3 -m draftlab.run.gpu_step "$1" "${over[@]}" "${@:2}"
+  RESULTS=$RESULTS RUN_ID=$RUN_ID python3 -m draftlab.run.gpu_step "$1" "${over[@]}" "${@:2}"
 }
 
 # set-up (draftlab.run.gpu_call): the carried wheels, the GGUF from its two parts, the converted

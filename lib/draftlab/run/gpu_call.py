@@ -6,6 +6,7 @@ A call's knobs come from the environment, as scripts/gpu/common.sh sets them:
     PROFILE   the notebooks' profile (full)         BUDGET_S  this call's deadline, s from its start (500)
     STAGES    the stages, in order ("00 01 02 03 04 06 05 07": 07 last, it absorbs the time left)
     P<NN>     stage NN's own overrides ("-p KEY VALUE ...", split on whitespace as bash split them)
+    RESULTS, RUN_ID  the run folder RESULTS/RUN_ID (DL/results/reference; common.sh passes its own)
     STAGE_COMMAND  what runs a stage (default "python3 -m draftlab.cli run"; tests run fakes)
 common.sh exports GPU_CALL_T0 and GPU_CALL_DEADLINE (epoch seconds), so that its `left` and
 this module's agree. The set-up: the carried wheels, the GGUF from its two carried parts, the
@@ -55,6 +56,7 @@ class Call:
     repo: Path = field(default_factory=repo_root)
     python: str = sys.executable
     run_id: str = RUN_ID
+    results_dir: Path | None = None  # default DL/results
 
     @classmethod
     def from_env(cls, env=None, *, budget_s=None, deadline=None, stages=None, overrides=None) -> "Call":
@@ -72,11 +74,12 @@ class Call:
                    t0=t0, deadline=int(deadline), profile=env.get("PROFILE", "full"),
                    stages=(stages if stages is not None else env.get("STAGES", DEFAULT_STAGES)).split(),
                    overrides={**stage_overrides(env), **(overrides or {})},
+                   run_id=env.get("RUN_ID") or RUN_ID, results_dir=Path(env["RESULTS"]) if env.get("RESULTS") else None,
                    **({"stage_command": command.split()} if command else {}))
 
     @property
     def results(self) -> Path:
-        return self.dl / "results"
+        return self.results_dir or self.dl / "results"
 
     @property
     def run(self) -> Path:
