@@ -50,13 +50,10 @@ SGLANG_STUDY = ""  # a `draftlab bench sglang` folder to draw beside the engine 
 
 # %%
 
-from pathlib import Path
-
 import pandas as pd
 import torch
 
-from draftlab.benchmark_acceptance import breakeven, report, sglang_live, sweeps
-from draftlab.benchmark_acceptance import live as bench
+from draftlab.benchmark_acceptance import breakeven, report, sweeps
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
 
@@ -91,9 +88,9 @@ report.table(main)
 # the trained one. Acceptance should collapse to about 1.0, with no error anywhere.
 
 # %%
-wrong = sweeps.wrong_mode_runs(target, drafts, sets[first], first, greedy[first], MAIN_STEPS,
-                               MAX_NEW_TOKENS) if WRONG_MODE else []
-report.table(wrong) if wrong else "skipped"
+wrong = sweeps.wrong_mode_runs(target, drafts, sets[first], first, greedy[first], MAIN_STEPS, MAX_NEW_TOKENS,
+                               enabled=WRONG_MODE)
+report.shown(wrong)
 
 # %% [markdown]
 # ## 4 · Acceptance by chain length S (first evaluation set)
@@ -122,12 +119,10 @@ pd.DataFrame(lookup_main)
 fast = sweeps.fast_dtype_runs(TARGET, run.device, DTYPE, FAST_DTYPE, run.dir / "drafts" / CHAIN_ARCHS[0],
                               CHAIN_ARCHS[0], sets[first], first, CHAIN_STEPS, FAST_TREES, TREE, MAIN_STEPS,
                               MAX_NEW_TOKENS)
-if fast:
-    fig = report.plot_speedup_by_chain([r for r in chain if r["arch"] == CHAIN_ARCHS[0]] + fast)
-    nb.save_figure(run, fig, "speedup_by_chain_dtypes")
-fast_columns = ["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s", "speedup",
-                "lossless"]
-report.table(fast)[fast_columns] if fast else "skipped"
+fig = sweeps.plot_speedup_dtypes(chain, fast, CHAIN_ARCHS[0])  # None without FAST_DTYPE
+nb.save_figure(run, fig, "speedup_by_chain_dtypes")
+report.shown(fast, columns=["arch", "dtype", "S", "K", "D", "acceptance_length", "greedy_tok_s", "spec_tok_s",
+                            "speedup", "lossless"])
 
 # %%
 fig = report.plot_acceptance_by_set(main + wrong)
@@ -143,7 +138,7 @@ tree = sweeps.tree_runs(target, drafts[ARCHS[0]], ARCHS[0], sets[first], first, 
                         MAX_NEW_TOKENS)
 fig = report.plot_position_acceptance(main + tree)
 nb.save_figure(run, fig, "position_acceptance")
-report.table(tree) if tree else "skipped"
+report.shown(tree)
 
 # %%
 fig = report.plot_throughput(main + wrong + tree)
@@ -157,13 +152,10 @@ nb.save_figure(run, fig, "throughput")
 
 # %%
 fits, checks, model_arch = sweeps.breakeven_fits(chain, CHAIN_ARCHS)
-if model_arch is not None:
-    model = fits[model_arch]
-    fig = sweeps.plot_breakeven(model, CHAIN_STEPS, checks[model_arch],
-                                f"{model_arch} on {run.device} ({DTYPE}), {first} n={len(sets[first])}: "
-                                f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
-    nb.save_figure(run, fig, "breakeven")
-pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
+fig = sweeps.breakeven_figure(fits, checks, model_arch, CHAIN_STEPS, f"{run.device} ({DTYPE}), {first} "
+                              f"n={len(sets[first])}")  # None with one chain length only
+nb.save_figure(run, fig, "breakeven")
+sweeps.checks_table(checks)
 
 # %% [markdown]
 # Prompt lookup by the same cost model: its drafting costs next to nothing on the device (c ≈ 0),
@@ -187,12 +179,9 @@ pd.Series(example)
 # from `meta_info`; absent (not 1.0) for a server that reports no speculative fields.
 
 # %%
-live = None
-if LIVE_BASELINE_URL:
-    prompts = [p["messages"] for p in bench.load_eval_set(first, run_dir=run.dir, limit=SAMPLES)]
-    live, _ = bench.compare_live(LIVE_BASELINE_URL, dict(LIVE_SPEC_URLS), prompts, eval_set=first,
-                                 concurrency=LIVE_CONCURRENCY, repeats=LIVE_REPEATS, max_tokens=MAX_NEW_TOKENS)
-live if live is not None else "no live endpoints given"
+live = sweeps.live_runs(LIVE_BASELINE_URL, LIVE_SPEC_URLS, first, run.dir, SAMPLES, concurrency=LIVE_CONCURRENCY,
+                        repeats=LIVE_REPEATS, max_tokens=MAX_NEW_TOKENS)  # None without LIVE_BASELINE_URL
+report.shown(live, "no live endpoints given")
 
 # %% [markdown]
 # ## 8 · Measured in SGLang (when a `draftlab bench sglang` study exists)
@@ -201,17 +190,11 @@ live if live is not None else "no live endpoints given"
 # draft step costs relatively more there, and the same acceptance buys less speed.
 
 # %%
-study = Path(SGLANG_STUDY) if SGLANG_STUDY else run.dir / "sglang" / "study"
-server_fit = None
-if (study / "windows.jsonl").is_file():
-    server_model, server_rates = sglang_live.fit_server_costs(study)
-    fig = sglang_live.plot_breakeven_beside(fits.get(model_arch) if model_arch else None,
-                                            checks.get(model_arch, []) if model_arch else [], server_model,
-                                            server_rates, MAIN_STEPS)
-    nb.save_figure(run, fig, "breakeven_engine_vs_sglang")
-    server_fit = {"model": breakeven.as_dict(server_model), "rates": server_rates}
-    display(pd.DataFrame(server_rates))
-server_fit or f"no SGLang study at {study} (run `draftlab bench sglang --out {study}` on a GPU)"
+study = sweeps.sglang_study_dir(SGLANG_STUDY, run.dir)
+server_fit, fig = sweeps.sglang_breakeven(study, fits, checks, model_arch, MAIN_STEPS)  # (None, None): no study
+nb.save_figure(run, fig, "breakeven_engine_vs_sglang")
+report.shown(sweeps.sglang_rates_table(server_fit),
+             f"no SGLang study at {study} (run `draftlab bench sglang --out {study}` on a GPU)")
 
 # %%
 nb.save_metrics(run, sweeps.metrics(device=run.device, dtype=DTYPE, max_new_tokens=MAX_NEW_TOKENS, sets=sets,

@@ -54,8 +54,6 @@ FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
 GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
 
 # %%
-import pandas as pd
-
 from draftlab import data_scaling as scaling
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
@@ -81,10 +79,7 @@ settings, recipe_notes = scaling.study_settings(
     val_samples=VAL_SAMPLES, spec_prompts=SPEC_PROMPTS, spec_steps=SPEC_STEPS, spec_max_new_tokens=SPEC_MAX_NEW_TOKENS,
     time_budget_s=TIME_BUDGET_S, seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN,
     side_by_side=SIDE_BY_SIDE)
-print(f"training rows available: {plan.available:,}; subsets: {plan.sizes}; held-out: {plan.val_file}")
-print(f"recipe: {settings.train}")
-for note in plan.notes + recipe_notes:
-    print("note:", note)
+scaling.print_plan(plan, settings, recipe_notes)
 
 # %% [markdown]
 # ## 2 · Train and measure every (architecture, size)
@@ -95,9 +90,8 @@ for note in plan.notes + recipe_notes:
 
 # %%
 target = load_target(TARGET, device=run.device)
-extra_points, extra_notes = (scaling.points_from_04(run.dir, settings.train) if INCLUDE_04_DRAFTS else ([], []))
-for note in extra_notes:
-    print("note:", note)
+extra_points, extra_notes = scaling.points_from_04(run.dir, settings.train, include=INCLUDE_04_DRAFTS)
+scaling.print_notes(extra_notes)
 study = scaling.run_study(target, TARGET, run.device, plan, work, settings, extra_points)
 results = study["results"]
 scaling.summary_table(results)
@@ -116,37 +110,24 @@ chain_fits = scaling.fit_all(results, "chain_acceptance_length")
 regen = scaling.regen_throughput(run.dir)
 extrapolation = scaling.extrapolate(fits, results, regen, FACTOR, GOAL)
 chain_extrapolation = scaling.extrapolate(chain_fits, results, regen, FACTOR, GOAL)
-print(f"regeneration: {regen['tok_s'] or float('nan'):.0f} completion tok/s ({regen['tok_s_source']}), "
-      f"{regen['mean_completion_tokens'] or float('nan'):.0f} completion tokens per conversation")
+scaling.print_regeneration(regen)
 fig = scaling.plot_scaling(results, fits, FACTOR, GOAL)
 nb.save_figure(run, fig, "acceptance_vs_data")
 
 # %%
-if any(r.get("chain_acceptance_length") for r in results):
-    fig = scaling.plot_scaling(results, chain_fits, FACTOR, GOAL, metric="chain_acceptance_length")
-    fig.axes[0].set_title(f"Real chain acceptance length (S={SPEC_STEPS}) vs training data")
-    nb.save_figure(run, fig, "chain_acceptance_vs_data")
+fig = scaling.plot_chain_scaling(results, chain_fits, FACTOR, GOAL, SPEC_STEPS)  # None without real decoding
+nb.save_figure(run, fig, "chain_acceptance_vs_data")
 fig = scaling.plot_extrapolation(extrapolation)
 nb.save_figure(run, fig, "extrapolation")
-pd.DataFrame({arch: {k: v for k, v in e.items() if not isinstance(v, dict)} for arch, e in extrapolation.items()})
+scaling.extrapolation_table(extrapolation)
 
 # %%
-summary_lines = scaling.findings(results, extrapolation, study["deferred"])
-summary_lines += ["real chain decoding:"] + scaling.findings(
-    [r for r in results if r.get("chain_acceptance_length")], chain_extrapolation, [],
-    metric="chain_acceptance_length") if chain_extrapolation else []
+summary_lines = scaling.study_findings(results, extrapolation, chain_extrapolation, study["deferred"])
 print("\n".join(summary_lines))
 
 # %%
-nb.save_metrics(run, {
-    "sizes": plan.sizes, "available_rows": plan.available, "recipe": settings.train,
-    "eval": settings.eval_settings(), "notes": plan.notes + recipe_notes + extra_notes,
-    "complete": not study["deferred"], "deferred": study["deferred"], "wall_s": study["wall_s"],
-    "results": [{k: v for k, v in r.items() if k not in ("draft_dir", "key")} for r in results],
-    "fits": scaling.fits_as_dict(fits), "chain_fits": scaling.fits_as_dict(chain_fits),
-    "regeneration": regen, "extrapolation": extrapolation, "chain_extrapolation": chain_extrapolation,
-    "findings": summary_lines,
-})
+nb.save_metrics(run, scaling.study_metrics(plan, settings, plan.notes + recipe_notes + extra_notes, study, fits,
+                                           chain_fits, regen, extrapolation, chain_extrapolation, summary_lines))
 
 # %% [markdown]
 # ## Findings

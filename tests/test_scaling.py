@@ -124,6 +124,51 @@ def test_extrapolation_prices_regeneration(tmp_path):
     assert fig.axes and fig2.axes
 
 
+def test_notebook_07s_report_helpers(tmp_path, capsys):
+    """07's printed plan and notes, the conditional chain figure, findings and metrics (no loops in 07)."""
+    from types import SimpleNamespace
+
+    from draftlab.run.notebook import save_figure
+
+    plan = SimpleNamespace(available=1234, sizes=[4, 8], val_file="v.jsonl", notes=["capped"])
+    settings = SimpleNamespace(train={"lr": 1e-3}, eval_settings=lambda: {"val_samples": 6})
+    scaling.print_plan(plan, settings, ["recipe note"])
+    scaling.print_notes([])
+    scaling.print_regeneration({"tok_s": None, "tok_s_source": "none", "mean_completion_tokens": 14.0})
+    assert capsys.readouterr().out.splitlines() == [
+        "training rows available: 1,234; subsets: [4, 8]; held-out: v.jsonl", "recipe: {'lr': 0.001}",
+        "note: capped", "note: recipe note", "regeneration: nan completion tok/s (none), 14 completion tokens "
+        "per conversation"]
+    assert scaling.points_from_04(tmp_path, {}, include=False) == ([], [])
+    assert scaling.points_from_04(tmp_path, {})[1]  # included: says why 04's drafts are not points
+
+    results = [{"arch": "eagle3", "n": n, "source": "scaling", "sim_accept_len": 1.2 + 0.3 * np.log10(n),
+                "sim_accept_len_se": 0.02, "draft_dir": "d", "key": "k"} for n in (100, 200, 500, 1000)]
+    regen = {"tok_s": 500.0, "tok_s_source": "x", "mean_completion_tokens": 14.0}
+    extra = scaling.extrapolate(scaling.fit_all(results), results, regen, 10, 4.0)
+    assert scaling.plot_chain_scaling(results, {}, 10, 4.0, 6) is None
+    run = SimpleNamespace(caveat=None, figures=tmp_path, name="07_data_scaling")
+    assert save_figure(run, None, "chain_acceptance_vs_data") is None and not list(tmp_path.glob("*.png"))
+    assert list(scaling.extrapolation_table(extra).columns) == ["eagle3"]
+    assert "loglinear" not in scaling.extrapolation_table(extra).index
+    lines = scaling.study_findings(results, extra, {}, [])
+    assert lines == scaling.findings(results, extra, []) and "real chain decoding:" not in lines
+
+    chain = [{**r, "chain_acceptance_length": r["sim_accept_len"] - 0.1, "chain_acceptance_length_se": 0.05,
+              "chain_position_acceptance": [0.5] * 6}
+             for r in results]
+    chain_fits = scaling.fit_all(chain, "chain_acceptance_length")
+    chain_extra = scaling.extrapolate(chain_fits, chain, regen, 10, 4.0)
+    fig = scaling.plot_chain_scaling(chain, chain_fits, 10, 4.0, 6)
+    assert fig.axes[0].get_title() == "Real chain acceptance length (S=6) vs training data"
+    lines = scaling.study_findings(chain, extra, chain_extra, ["eagle1 n=8"])
+    assert lines[lines.index("real chain decoding:") + 1].startswith("eagle3: measured chain_acceptance_length")
+    study = {"results": chain, "deferred": ["eagle1 n=8"], "wall_s": 3.0}
+    m = scaling.study_metrics(plan, settings, ["n"], study, {}, chain_fits, regen, extra, chain_extra, lines)
+    assert m["complete"] is False and m["eval"] == {"val_samples": 6} and m["findings"] == lines
+    assert "draft_dir" not in m["results"][0] and "key" not in m["results"][0] and m["sizes"] == [4, 8]
+
+
 SMOKE_TRAIN = {"epochs": 1.0, "draft_vocab_size": 256, "max_len": 64, "ttt_steps": 2, "batch_tokens": 256,
                "max_batch": 4, "lr": 1e-3, "log_every": 1, "save_every": 2, "threads": 1}
 

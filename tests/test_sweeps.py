@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from draftlab.benchmark_acceptance import sweeps
+from draftlab.benchmark_acceptance import report, sweeps
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.export import export_draft
 
@@ -69,6 +69,11 @@ def test_notebook_06_runs(run_dir, tiny_target):
     assert all(r["predicted_speedup"] is not None for r in lookup_rows)
     fig = sweeps.plot_breakeven(fits[model_arch], chain_steps, checks[model_arch], "tiny")
     assert fig.axes
+    fig = sweeps.breakeven_figure(fits, checks, model_arch, chain_steps, "cpu (float32), blend n=2")
+    assert fig.axes[0].get_title().startswith("eagle3 on cpu (float32), blend n=2: v=")
+    assert len(sweeps.checks_table(checks)) == 2 and set(sweeps.checks_table(checks)["arch"]) == {"eagle3"}
+    assert sweeps.plot_speedup_dtypes(chain, fast, "eagle3").axes
+    assert list(report.shown(fast, columns=["arch", "dtype"]).columns) == ["arch", "dtype"]
 
     m = sweeps.metrics(device="cpu", dtype="float32", max_new_tokens=new, sets=sets, main=main, wrong=wrong,
                        chain=chain, fast=fast, lookup_main=lookup_main, lookup_rows=lookup_rows, tree=tree,
@@ -76,3 +81,18 @@ def test_notebook_06_runs(run_dir, tiny_target):
     assert m["lossless"] is True  # fp32 greedy verification emits exactly the target's greedy tokens
     assert len(m["by_set"]) == 4 and m["tree"] and m["by_chain_fast_dtype"]
     json.dumps(m, default=str)
+
+
+def test_the_sections_notebook_06_can_skip(tmp_path):
+    """06's optional sections are calls that return None (nb.save_figure then saves nothing) or a note."""
+    assert sweeps.wrong_mode_runs(None, {"eagle3": None}, [], "blend", [], 3, 8, enabled=False) == []
+    assert sweeps.plot_speedup_dtypes([], [], "eagle3") is None
+    assert sweeps.breakeven_figure({}, {}, None, [1, 3], "cpu") is None
+    assert sweeps.checks_table({}).empty
+    assert sweeps.live_runs("", {"x": "http://h"}, "blend", tmp_path, 2) is None
+    assert report.shown([]) == "skipped" and report.shown(None, "no live endpoints given") == "no live endpoints given"
+    assert sweeps.sglang_study_dir("", tmp_path) == tmp_path / "sglang" / "study"
+    assert sweeps.sglang_study_dir("elsewhere", tmp_path) == sweeps.Path("elsewhere")
+    assert sweeps.sglang_breakeven(tmp_path, {}, {}, None, 3) == (None, None)
+    assert sweeps.sglang_rates_table(None) is None
+    assert list(sweeps.sglang_rates_table({"rates": [{"a": 1}]}).columns) == ["a"]

@@ -39,6 +39,15 @@ def table(rows: list[dict]):
     return pd.DataFrame(out)
 
 
+def shown(rows, note: str = "skipped", columns: list[str] | None = None):
+    """What a notebook cell shows: the table of `rows` (run rows, or a table already), or `note`
+    when there is none (a section its parameters skipped)."""
+    if rows is None or len(rows) == 0:
+        return note
+    out = table(rows) if isinstance(rows, list) else rows
+    return out[columns] if columns else out
+
+
 def plot_acceptance_by_set(rows: list[dict]):
     """Grouped bars: acceptance length per evaluation set, one bar per configuration."""
     import matplotlib.pyplot as plt

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftlab.benchmark_acceptance import breakeven
-from draftlab.benchmark_acceptance.live import load_eval_set
+from draftlab.benchmark_acceptance.live import compare_live, load_eval_set
 from draftlab.benchmark_acceptance.lookup import lookup_acceptance
-from draftlab.benchmark_acceptance.report import table
+from draftlab.benchmark_acceptance.report import plot_speedup_by_chain, table
+from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, plot_breakeven_beside
 from draftlab.engine import SpecConfig, compare, encode_prompts, public
 from draftlab.model.draft import load_draft
 from draftlab.model.target import load_target
@@ -59,9 +60,11 @@ def runs_by_set(target, drafts: dict, sets: dict, steps: int, max_new_tokens: in
     return rows, greedy
 
 
-def wrong_mode_runs(target, drafts: dict, ids, eval_set: str, greedy, steps: int, max_new_tokens: int) -> list:
-    """The EAGLE-3 draft under `--speculative-algorithm EAGLE` (final state only): should sit near 1.0."""
-    if "eagle3" not in drafts:
+def wrong_mode_runs(target, drafts: dict, ids, eval_set: str, greedy, steps: int, max_new_tokens: int,
+                    enabled: bool = True) -> list:
+    """The EAGLE-3 draft under `--speculative-algorithm EAGLE` (final state only): should sit near 1.0.
+    None without an EAGLE-3 draft or when not `enabled` (06's WRONG_MODE)."""
+    if not enabled or "eagle3" not in drafts:
         return []
     row, _ = measure(target, drafts["eagle3"], ids, eval_set, "eagle3", greedy, max_new_tokens,
                      mode="EAGLE", num_steps=steps)
@@ -145,6 +148,59 @@ def plot_breakeven(model, chain_steps, checks: list, title: str):
     fig, ax = plt.subplots(figsize=(6, 4))
     breakeven.plot(ax, model, chain_steps, checks, title=title)
     return fig
+
+
+def plot_speedup_dtypes(chain: list, fast: list, arch: str):
+    """`arch`'s chain runs beside their FAST_DTYPE reruns; None without those (FAST_DTYPE unset)."""
+    return plot_speedup_by_chain([r for r in chain if r["arch"] == arch] + fast) if fast else None
+
+
+def breakeven_figure(fits: dict, checks: dict, model_arch: str | None, chain_steps, setting: str):
+    """The break-even curve of `model_arch`'s fit with its checked runs; None without a fit (one S only)."""
+    if model_arch is None:
+        return None
+    model = fits[model_arch]
+    return plot_breakeven(model, chain_steps, checks[model_arch], f"{model_arch} on {setting}: "
+                          f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
+
+
+def checks_table(checks: dict):
+    """breakeven_fits' checks of every arch, one line per run."""
+    import pandas as pd
+
+    return pd.DataFrame([{**c, "arch": arch} for arch in checks for c in checks[arch]])
+
+
+def live_runs(baseline_url: str, spec_urls: dict, eval_set: str, run_dir, samples: int, **kwargs):
+    """Live SGLang endpoints on the eval set's first `samples` prompts (live.compare_live's table);
+    None without a baseline URL."""
+    if not baseline_url:
+        return None
+    prompts = [p["messages"] for p in load_eval_set(eval_set, run_dir=run_dir, limit=samples)]
+    return compare_live(baseline_url, dict(spec_urls), prompts, eval_set=eval_set, **kwargs)[0]
+
+
+def sglang_study_dir(study: str, run_dir) -> Path:
+    """06's SGLANG_STUDY, else RUN_DIR/sglang/study."""
+    return Path(study) if study else Path(run_dir) / "sglang" / "study"
+
+
+def sglang_breakeven(study: Path, fits: dict, checks: dict, model_arch: str | None, steps: int):
+    """(the break-even model fitted to SGLang's cycle times with its rates, the figure beside the
+    engine's); (None, None) when `study` holds no windows."""
+    if not (Path(study) / "windows.jsonl").is_file():
+        return None, None
+    server_model, server_rates = fit_server_costs(study)
+    fig = plot_breakeven_beside(fits.get(model_arch) if model_arch else None,
+                                checks.get(model_arch, []) if model_arch else [], server_model, server_rates, steps)
+    return {"model": breakeven.as_dict(server_model), "rates": server_rates}, fig
+
+
+def sglang_rates_table(server_fit: dict | None):
+    """SGLang's measured rates beside the fit's predictions; None without a study."""
+    import pandas as pd
+
+    return pd.DataFrame(server_fit["rates"]) if server_fit else None
 
 
 def predict_lookup(lookup_rows: list, fits: dict, model_arch: str | None) -> list:

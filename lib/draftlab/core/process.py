@@ -1,11 +1,13 @@
-"""Server processes that draftlab starts (transformers serve, SGLang): bounded and owned.
+"""Processes that draftlab starts (servers: transformers serve, SGLang; commands with a deadline): bounded and owned.
 
 Why: a benchmark or a regeneration that starts a server must never leave one behind. Each child
 runs in its own process group (stopped whole: SGLang's scheduler and detokenizer are children of
 the launcher), asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, so a SIGKILL
 of draftlab does not orphan a GPU server), and is recorded in a registry folder so that a rerun
 can find and stop one that an earlier, killed run started. Waiting for health is bounded, prints
-what it waits on, and fails with the tail of the server's log.
+what it waits on, and fails with the tail of the server's log. A command with a deadline
+(`run_until`, the GPU calls' notebook stages) is stopped at it with all its descendants, a Jupyter
+kernel included (it runs in a session of its own).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry"]
+__all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry", "start_owned", "descendants",
+           "stop_tree", "run_until"]
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
@@ -98,6 +101,73 @@ def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0
     return stopped
 
 
+def start_owned(argv, **popen_kwargs) -> subprocess.Popen:
+    """Popen in a process group of its own, killed by the kernel when this process dies."""
+    return subprocess.Popen([str(a) for a in argv], start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children first), from /proc; [] where /proc is missing."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for kid in children.get(todo.pop(0), []):
+            if kid not in found:
+                found.append(kid)
+                todo.append(kid)
+    return found
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
+    """SIGTERM `proc`'s process group and every descendant (found before the first signal: a
+    Jupyter kernel is in a session of its own), SIGKILL whatever is left after `grace` seconds.
+    Returns the descendants' pids."""
+    kids = descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _kill_group(proc.pid, sig)
+        for kid in kids:
+            try:
+                os.kill(kid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if sig == signal.SIGTERM:
+            end = time.monotonic() + grace
+            while time.monotonic() < end and (proc.poll() is None or any(_alive(k) for k in kids)):
+                time.sleep(0.1)
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        pass
+    return kids
+
+
+def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None,
+              **popen_kwargs) -> int | None:
+    """Run `argv` (start_owned) until it exits or time.time() reaches `deadline`; then stop it and
+    its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so)."""
+    proc = start_owned(argv, **popen_kwargs)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=max(0.05, min(poll, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                if time.time() >= deadline:
+                    break
+        if on_deadline is not None:
+            on_deadline(proc, descendants(proc.pid))
+        stop_tree(proc, grace)
+        return None
+    except BaseException:  # interrupted: leave nothing behind
+        stop_tree(proc, grace=1.0)
+        raise
+
+
 class ServerProcess:
     """A child HTTP server: started, health-checked, logged to a file, always stopped.
 
@@ -155,15 +225,7 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"# {shlex.join(self.argv)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            self.proc = start_owned(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.pid = self.proc.pid
         _LIVE.add(self)
         self._record()

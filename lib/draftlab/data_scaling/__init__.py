@@ -11,10 +11,17 @@ from draftlab.data_scaling.evaluate import (  # noqa: F401
     simulated_acceptance,
 )
 from draftlab.data_scaling.figures import (  # noqa: F401
+    extrapolation_table,
     findings,
     fits_as_dict,
+    plot_chain_scaling,
     plot_extrapolation,
     plot_scaling,
+    print_notes,
+    print_plan,
+    print_regeneration,
+    study_findings,
+    study_metrics,
     summary_table,
 )
 from draftlab.data_scaling.fits import (  # noqa: F401

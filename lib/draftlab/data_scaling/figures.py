@@ -1,4 +1,4 @@
-"""Figures, table and findings of notebook 07."""
+"""Figures, tables, printed notes, findings and metrics of notebook 07."""
 
 from __future__ import annotations
 
@@ -66,6 +66,16 @@ def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: fl
     return fig
 
 
+def plot_chain_scaling(results: list[dict], chain_fits: dict, factor: float, goal: float | None, steps: int):
+    """plot_scaling of the real chain acceptance length at S = `steps`; None when no point has one
+    (SPEC_PROMPTS = 0: nb.save_figure then saves nothing)."""
+    if not any(r.get("chain_acceptance_length") for r in results):
+        return None
+    fig = plot_scaling(results, chain_fits, factor, goal, metric="chain_acceptance_length")
+    fig.axes[0].set_title(f"Real chain acceptance length (S={steps}) vs training data")
+    return fig
+
+
 def plot_extrapolation(extra: dict):
     """Predicted acceptance at 10x data (95% interval) per architecture and fit, with its cost."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
@@ -103,6 +113,31 @@ def summary_table(results: list[dict]):
     return df[[c for c in cols if c in df.columns]].sort_values(["arch", "n"]).reset_index(drop=True)
 
 
+def extrapolation_table(extra: dict):
+    """The extrapolation's scalar figures, one column per architecture (for the notebook)."""
+    import pandas as pd
+
+    return pd.DataFrame({arch: {k: v for k, v in e.items() if not isinstance(v, dict)} for arch, e in extra.items()})
+
+
+def print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print("note:", note)
+
+
+def print_plan(plan, settings, notes: list[str]) -> None:
+    """The subsets, the held-out file, the recipe and the plan's and recipe's notes."""
+    print(f"training rows available: {plan.available:,}; subsets: {plan.sizes}; held-out: {plan.val_file}")
+    print(f"recipe: {settings.train}")
+    print_notes(plan.notes + notes)
+
+
+def print_regeneration(regen: dict) -> None:
+    """The regeneration rate that prices the extra data (fits.regen_throughput)."""
+    print(f"regeneration: {regen['tok_s'] or float('nan'):.0f} completion tok/s ({regen['tok_s_source']}), "
+          f"{regen['mean_completion_tokens'] or float('nan'):.0f} completion tokens per conversation")
+
+
 def fits_as_dict(fits: dict) -> dict:
     return {arch: {m: asdict(f) for m, f in by.items()} for arch, by in fits.items()}
 
@@ -134,3 +169,26 @@ def findings(results: list[dict], extra: dict, deferred: list, metric: str = "si
     if deferred:
         lines.append(f"not run yet (time budget; rerun the notebook to continue): {deferred}")
     return lines
+
+
+def study_findings(results: list[dict], extra: dict, chain_extra: dict, deferred: list) -> list[str]:
+    """The closing summary: simulated acceptance, then real chain decoding when it was measured."""
+    lines = findings(results, extra, deferred)
+    if chain_extra:
+        lines += ["real chain decoding:"] + findings([r for r in results if r.get("chain_acceptance_length")],
+                                                     chain_extra, [], metric="chain_acceptance_length")
+    return lines
+
+
+def study_metrics(plan, settings, notes: list[str], study: dict, fits: dict, chain_fits: dict, regen: dict,
+                  extra: dict, chain_extra: dict, lines: list[str]) -> dict:
+    """Notebook 07's metrics.json section."""
+    return {
+        "sizes": plan.sizes, "available_rows": plan.available, "recipe": settings.train,
+        "eval": settings.eval_settings(), "notes": notes,
+        "complete": not study["deferred"], "deferred": study["deferred"], "wall_s": study["wall_s"],
+        "results": [{k: v for k, v in r.items() if k not in ("draft_dir", "key")} for r in study["results"]],
+        "fits": fits_as_dict(fits), "chain_fits": fits_as_dict(chain_fits),
+        "regeneration": regen, "extrapolation": extra, "chain_extrapolation": chain_extra,
+        "findings": lines,
+    }

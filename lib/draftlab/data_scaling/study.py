@@ -229,11 +229,12 @@ def _free_cuda() -> None:
         torch.cuda.empty_cache()
 
 
-def points_from_04(run_dir, recipe: dict) -> tuple[list[dict], list[str]]:
+def points_from_04(run_dir, recipe: dict, include: bool = True) -> tuple[list[dict], list[str]]:
     """Notebook 04's exported drafts as extra points (n = the rows it trained on), when its recipe
-    equals the study's; otherwise none, and a note saying which setting differs."""
+    equals the study's; otherwise none, and a note saying which setting differs. include=False
+    (07's INCLUDE_04_DRAFTS): none, without notes."""
     points, notes = [], []
-    for arch in ARCHS:
+    for arch in ARCHS if include else ():
         draft_dir = Path(run_dir) / "drafts" / arch
         summary = Path(run_dir) / "train" / arch / "summary.json"
         if not (draft_dir / "config.json").is_file() or not summary.is_file():

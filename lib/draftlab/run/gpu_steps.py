@@ -1,8 +1,6 @@
-"""The decisions and records of the resumable GPU run, for scripts/gpu/common.sh.
-
-The bash side keeps process control and transfers (wheels, the GGUF in parts, state tarballs,
-stopping a notebook at the deadline); what it decides and writes is here, where tests run it:
-whether a stage is done, the wall time of each call, and the benchmark records.
+"""The records of the resumable GPU run: whether a stage is done, the wall time of each call, and
+the benchmark records. The call's control flow (set-up, stages until the deadline, benchmarks,
+state and packing) is draftlab.run.gpu_step's; scripts/gpu/common.sh's stage_done calls this one.
 
     python3 -m draftlab.run.gpu_steps stage-done RUN NN           exit 0 when notebook NN is done
     python3 -m draftlab.run.gpu_steps add-seconds FILE NAME S     add S seconds to NAME in FILE

@@ -138,12 +138,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def save_figure(run: Run, fig, label: str, caveat: str | None = None) -> Path:
+def save_figure(run: Run, fig, label: str, caveat: str | None = None) -> Path | None:
     """Save a figure as RUN_DIR/figures/<notebook>_<label>.png (what the README links to).
 
     A run on random weights (run.caveat), or a figure with its own `caveat` (an untrained draft), is
     stamped across every panel and in its title, so it cannot be read as a result; the PNG records it
-    under "draftlab:caveat"."""
+    under "draftlab:caveat". fig None (a plot with nothing to draw in this run): nothing saved, None."""
+    if fig is None:
+        return None
     caveat = "; ".join(c for c in (run.caveat, caveat) if c)
     if caveat:
         stamp(fig, caveat)

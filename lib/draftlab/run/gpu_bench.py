@@ -1,0 +1,153 @@
+"""The GPU call's extra benchmarks (issues 4 and 5), each once per run: RUN/bench/<name>.json.
+
+    generate_sweep             batch backend output tok/s by batch size (SWEEP_SIZES, SWEEP_NEW tokens)
+    generate_cudnn_on / _off   the same prompts with cuDNN's attention kernel on, then off (ATTN_SIZES)
+    generate_static            the same with a static KV cache (STATIC_SIZES)
+    train_offline              offline hidden states: precompute time, shard bytes, train tok/s
+    train_shapes               training tok/s by batch-length rounding and attention kernel (SHAPE_VARIANTS)
+Each command is bounded by its own timeout (as timeout(1): exit 124) and stopped with its children.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from draftlab.core.process import run_until
+from draftlab.run.gpu_call import Call
+from draftlab.run.gpu_steps import merge_json, offline_summary, stage_done
+
+PROGRESS_WORDS = ("it/s", "step/s", "conv/s")  # progress lines left out of the log
+
+
+def _knob(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def bounded(argv: list[str], seconds: float, **popen_kwargs) -> int:
+    """argv stopped after `seconds` with its descendants: its exit code, 124 when stopped."""
+    rc = run_until(argv, time.time() + seconds, **popen_kwargs)
+    return 124 if rc is None else rc
+
+
+def bench_done(call: Call, name: str) -> bool:
+    path = call.run / "bench" / f"{name}.json"
+    return path.is_file() and path.stat().st_size > 0
+
+
+def bench_generate(call: Call, name: str, cache: str, sizes: str, env: dict | None = None) -> int:
+    """Batch backend output tok/s by batch size (issue 4), on the blend's train split."""
+    if bench_done(call, name):
+        return 0
+    blend = call.run / "data/blend/train.jsonl"
+    if not blend.is_file():
+        call.say(f"{name}: no blend yet, skipped")
+        return 0
+    (call.run / "bench").mkdir(parents=True, exist_ok=True)
+    new = _knob("SWEEP_NEW", "64")
+    call.say(f"bench: {name}, {cache} cache, batch sizes {sizes} x {new} new tokens")
+    out = call.run / "bench" / f"{name}.json"
+    tmp = out.with_name(out.name + ".tmp")
+    rc = bounded([call.python, "-m", "draftlab.cli", "bench", "generate", str(blend), "--device", "cuda", "--cache",
+                  cache, "--batch-sizes", sizes, "--new-tokens", new, "--json", str(tmp)],
+                 float(_knob("SWEEP_TIMEOUT", "150")), env={**os.environ, **(env or {})})
+    if rc == 0:
+        tmp.replace(out)
+    call.say(f"bench: {name} exit {rc}")
+    return rc
+
+
+def bench_generate_sweep(call: Call) -> int:  # before 03, while the GPU has nothing else to do
+    return bench_generate(call, "generate_sweep", "dynamic", _knob("SWEEP_SIZES", "1024,2048,4096,8192"))
+
+
+def bench_generate_attention(call: Call) -> int:
+    """cuDNN's attention kernel on, then off (draftlab's default), on the same prompts."""
+    sizes = _knob("ATTN_SIZES", "1,256,4096")
+    bench_generate(call, "generate_cudnn_on", "dynamic", sizes, env={"DRAFTLAB_CUDNN_SDPA": "1"})
+    return bench_generate(call, "generate_cudnn_off", "dynamic", sizes)
+
+
+def bench_generate_static(call: Call) -> int:  # a static KV cache (transformers may compile the step)
+    if call.left() <= 200:
+        call.say("static-cache sweep: not enough time left, skipped")
+        return 0
+    return bench_generate(call, "generate_static", "static", _knob("STATIC_SIZES", "1024,4096"))
+
+
+def bench_train_offline(call: Call) -> int:
+    """Issue 5: offline hidden states on the regenerated set, OFFLINE_SAMPLES conversations, OFFLINE_STEPS steps."""
+    if bench_done(call, "train_offline"):
+        return 0
+    regen = call.run / "data/regen/train.jsonl"
+    if not regen.is_file() or call.left() <= 150:
+        call.say("offline-hidden bench skipped")
+        return 0
+    d = call.dl / "bench-offline"
+    shutil.rmtree(d, ignore_errors=True)
+    (call.run / "bench").mkdir(parents=True, exist_ok=True)
+    samples, steps = _knob("OFFLINE_SAMPLES", "2000"), _knob("OFFLINE_STEPS", "40")
+    call.say(f"bench: offline hidden states, {samples} conversations, {steps} steps")
+    rc = bounded([call.python, "-m", "draftlab.cli", "train", "--train-file", str(regen),
+                  "--out-dir", str(d / "eagle3"),
+                  "--target", "embedded", "--device", "cuda", "--hidden", "offline", "--max-train-samples", samples,
+                  "--draft-vocab-size", "16000", "--ttt-steps", "7", "--max-len", "2048", "--epochs", "1",
+                  "--batch-tokens", "16384", "--max-batch", "64", "--lr", "5e-4", "--eval-every", "100000",
+                  "--save-every", "100000", "--log-every", "10", "--stop-after", steps], 140)
+    if rc == 0:
+        offline_summary(d, call.run / "bench/train_offline.json")
+    call.say(f"bench: offline exit {rc}")
+    return rc
+
+
+def _unxz(src: Path, dst: Path) -> None:
+    with lzma.open(src) as f, open(dst, "wb") as out:
+        shutil.copyfileobj(f, out)
+
+
+def bench_train_shapes(call: Call) -> int:
+    """Training tok/s by batch-length rounding and attention kernel, random weights (.device/bench)."""
+    if bench_done(call, "train_shapes"):
+        return 0
+    carried = call.repo / ".device/bench"
+    if not (carried / "config.json").is_file():
+        call.say("train-shapes bench: .device/bench not carried, skipped")
+        return 0
+    b = call.dl / "bench-shapes"
+    b.mkdir(parents=True, exist_ok=True)
+    (call.run / "bench").mkdir(parents=True, exist_ok=True)
+    try:
+        for f in [*carried.glob("*.json"), *carried.glob("*.jinja")]:
+            shutil.copyfile(f, b / f.name)
+        _unxz(carried / "tokenizer.json.xz", b / "tokenizer.json")
+        _unxz(carried / "train.jsonl.xz", b / "train.jsonl")
+    except (OSError, lzma.LZMAError) as exc:
+        call.say(f"train-shapes bench: {exc}")
+        return 0
+    for variant in _knob("SHAPE_VARIANTS", "1:cudnn 64:cudnn 1:auto 64:auto").split():
+        pad, attention = variant.split(":")[0], variant.split(":")[-1]
+        log = b / f"pad{pad}_{attention}.log"
+        with open(log, "wb") as f:
+            bounded([call.python, "benchmarks/bench_train_shapes.py", str(b), pad, _knob("SHAPE_STEPS", "50"),
+                     str(b / f"pad{pad}_{attention}.json"), "--attention", attention], 150,
+                    stdout=f, stderr=subprocess.STDOUT)
+        for line in log.read_text(errors="replace").splitlines():
+            if not any(w in line for w in PROGRESS_WORDS):
+                print(line, flush=True)
+    merge_json(call.run / "bench/train_shapes.json", sorted(b.glob("pad*.json")))
+    return 0
+
+
+def benches_before(call: Call) -> None:
+    """BENCHES=1, before the stages: issue 4's sweep (until 03 is done) and the training shapes."""
+    if not stage_done(call.run, "03"):
+        bench_generate_sweep(call)
+    bench_train_shapes(call)
+
+
+BENCHES = {"sweep": bench_generate_sweep, "attention": bench_generate_attention, "static": bench_generate_static,
+           "offline": bench_train_offline, "shapes": bench_train_shapes}

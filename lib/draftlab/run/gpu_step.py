@@ -1,0 +1,132 @@
+"""A step of the resumable reference run on the GPU machine (scripts/gpu/step.sh), and the commands
+that scripts/gpu/common.sh's functions call.
+
+    python3 -m draftlab.run.gpu_step step [--budget-s S] [--stages "00 01 ..."] [--p06 "-p SAMPLES 32"]
+        set-up (wheels, GGUF, target, state), then the stages not done yet until the deadline; when
+        all are done, the extra benchmarks with the time left, the draft and results/reference packed.
+        Exit 0: done, OUT/reference.tar.gz written; 3: call again (OUT/state-run.tar.xz*); 1: failed.
+    python3 -m draftlab.run.gpu_step ensure-all | ensure-wheels | ensure-gguf | ensure-target | restore-state
+    python3 -m draftlab.run.gpu_step run-stage NN [-p KEY VALUE ...]      exit: the stage's, 124 when cut
+    python3 -m draftlab.run.gpu_step run-pending [--skipped-file F]       exit 0 done, 1 failed, 2 call again
+    python3 -m draftlab.run.gpu_step save-state | save-draft [ARCH] | pack-reference | report
+    python3 -m draftlab.run.gpu_step bench sweep|attention|static|offline|shapes
+    python3 -m draftlab.run.gpu_step bench generate NAME CACHE SIZES
+Knobs: the environment as draftlab.run.gpu_call reads it (OUT, DL, SITE, SCRATCH, PROFILE, BUDGET_S,
+STAGES, P<NN>); BENCHES=1 adds the benchmarks of issues 4 and 5; ATTN_CHECK=0 skips the cuDNN check.
+The options win over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_stages
+from draftlab.run.gpu_call import Call
+
+DONE, AGAIN, FAILED = 0, 3, 1  # step's exit codes
+
+
+def step(call: Call, *, benches: bool = False, attn_check: bool = True, setup=gpu_call.ensure_all) -> int:
+    """What step.sh does: one call's share of the run, then the state or the packed results in OUT."""
+    if not setup(call):
+        call.say("FAILED: set-up (see above)")
+        gpu_pack.save_state(call)
+        return FAILED
+    if benches:  # while the GPU has nothing else to do (carry .device/bench for the training shapes)
+        gpu_bench.benches_before(call)
+    rc, skipped = gpu_stages.run_pending(call)
+    gpu_pack.report(call)
+    if rc == gpu_stages.DONE:
+        if attn_check and call.left() > 200:  # does batched generate pay cuDNN's per-shape cost too?
+            gpu_bench.bench_generate_attention(call)
+        if benches:
+            gpu_bench.bench_train_offline(call)  # issue 5's offline-hidden throughput, with the time left
+            gpu_bench.bench_generate_static(call)
+        missing = "".join(f" {nb}" for nb in skipped)
+        if skipped:
+            call.say(f"WARNING: packed WITHOUT stages{missing} (cut twice by the deadline)")
+        gpu_pack.save_draft(call, "eagle3")
+        if gpu_pack.pack_reference(call) != 0:
+            return FAILED
+        call.say(f"DONE{f' (except{missing})' if skipped else ''}: {call.out / 'reference.tar.gz'} -> here: "
+                 f"tar -xzf <files_at>/reference.tar.gz -C results/")
+        return DONE
+    gpu_pack.save_state(call)
+    if rc == gpu_stages.AGAIN:
+        call.say("NOT DONE YET. NEXT: scripts/gpu/step.sh again (carry [.whl])")
+        return AGAIN
+    call.say("FAILED (see the log above)")
+    return FAILED
+
+
+SETUP = {"ensure-all": gpu_call.ensure_all, "ensure-wheels": gpu_call.ensure_wheels,
+         "ensure-gguf": gpu_call.ensure_gguf, "ensure-target": gpu_call.ensure_target,
+         "restore-state": gpu_call.restore_state}
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common.add_argument("--budget-s", type=int, help="this call's deadline, s after its start (default: BUDGET_S)")
+    common.add_argument("--deadline", type=int, help="this call's deadline, epoch s (common.sh's)")
+    common.add_argument("--stages", help='the stages, in order (default: STAGES, else "00 01 02 03 04 06 05 07")')
+    for nn in range(10):
+        common.add_argument(f"--p{nn:02d}", metavar="ARGS", help=f"stage {nn:02d}'s overrides (default: P{nn:02d})"
+                            if nn == 0 else argparse.SUPPRESS)
+    p = argparse.ArgumentParser(prog="python3 -m draftlab.run.gpu_step", description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("step", parents=[common], help="one call of the reference run (step.sh)")
+    s.add_argument("--benches", action=argparse.BooleanOptionalAction, default=os.environ.get("BENCHES", "0") == "1")
+    s.add_argument("--attn-check", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("ATTN_CHECK", "1") == "1")
+    for name in SETUP:
+        sub.add_parser(name, parents=[common])
+    s = sub.add_parser("run-stage", parents=[common])
+    s.add_argument("nb")
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("run-pending", parents=[common]).add_argument("--skipped-file")
+    for name in ("save-state", "pack-reference", "report"):
+        sub.add_parser(name, parents=[common])
+    sub.add_parser("save-draft", parents=[common]).add_argument("arch", nargs="?", default="eagle3")
+    s = sub.add_parser("bench", parents=[common])
+    s.add_argument("name", choices=[*gpu_bench.BENCHES, "generate"])
+    s.add_argument("generate", nargs="*", metavar="NAME CACHE SIZES", help="for `bench generate`")
+    return p
+
+
+def call_from(args) -> Call:
+    overrides = {f"{nn:02d}": getattr(args, f"p{nn:02d}").split() for nn in range(10)
+                 if getattr(args, f"p{nn:02d}") is not None}
+    return Call.from_env(budget_s=args.budget_s, deadline=args.deadline, stages=args.stages,
+                         overrides=overrides).enter()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    call = call_from(args)
+    if args.command == "step":
+        return step(call, benches=args.benches, attn_check=args.attn_check)
+    if args.command in SETUP:
+        return 0 if SETUP[args.command](call) else 1
+    if args.command == "run-stage":
+        return gpu_stages.run_stage(call, args.nb, args.args[1:] if args.args[:1] == ["--"] else args.args)
+    if args.command == "run-pending":
+        rc, skipped = gpu_stages.run_pending(call)
+        gpu_stages.write_skipped(args.skipped_file, skipped)
+        return rc
+    if args.command == "bench":
+        if args.name == "generate":
+            return gpu_bench.bench_generate(call, *args.generate) if len(args.generate) == 3 else 2
+        return gpu_bench.BENCHES[args.name](call)
+    if args.command == "report":
+        gpu_pack.report(call)
+        return 0
+    if args.command == "save-draft":
+        return gpu_pack.save_draft(call, args.arch)
+    return {"save-state": gpu_pack.save_state, "pack-reference": gpu_pack.pack_reference}[args.command](call)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
