@@ -22,6 +22,7 @@ from draftlab.core.records import RecordError, write_jsonl
 from draftlab.core.serve import require_reachable
 from draftlab.engine import (
     MODES,
+    TREE_ATTENTION,
     SpecConfig,
     chain_sweep,
     compare,
@@ -161,7 +162,8 @@ def bench_specdec(args: argparse.Namespace) -> int:
     else:
         for s in steps:
             cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket)
+                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket,
+                             draft_tree_attention=args.draft_tree_attention)
             rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
         print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
@@ -190,6 +192,8 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--draft-tree-attention", default="sglang", choices=TREE_ATTENTION,
+                   help="trees: what a draft beam attends to, SGLang's per-slot KV (default) or its own ancestors")
     p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | "
                                                            "file.jsonl")
     p.add_argument("--run-dir", default="results/dev")

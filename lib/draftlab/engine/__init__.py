@@ -5,6 +5,7 @@ The names below are the stage's public API; other stages import only these."""
 
 from draftlab.engine.runners import (  # noqa: F401
     MODES,
+    TREE_ATTENTION,
     DraftRunner,
     Graphed,
     SlotCache,

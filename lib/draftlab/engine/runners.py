@@ -15,6 +15,7 @@ import torch
 from draftlab.model.target import text_config
 
 MODES = ("EAGLE3", "EAGLE")
+TREE_ATTENTION = ("sglang", "ancestors")  # SpecConfig.draft_tree_attention
 
 
 @dataclass
@@ -30,10 +31,18 @@ class SpecConfig:
     # "graphed prefill"). The padding's KV lands in slots that the mask hides until a later step
     # overwrites them. None: 64 on CUDA, 0 (exact lengths) elsewhere.
     prefill_bucket: int | None = None
+    # Which earlier draft tokens a tree step's beams attend to (topk > 1). "sglang": beam j sees
+    # the KV written by beam slot j at the earlier steps, whichever beam held that slot, as
+    # SGLang's draft decode reads it (its kv indices are per slot; the KV is not reordered when
+    # the next beams are chosen). "ancestors": each beam sees its own ancestors (exact tree
+    # attention; not what SGLang measures). LOG.md, 2026-12-01, "issue 17 tree gap".
+    draft_tree_attention: str = "sglang"
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.draft_tree_attention not in TREE_ATTENTION:
+            raise ValueError(f"draft_tree_attention must be one of {TREE_ATTENTION}, got {self.draft_tree_attention!r}")
         if self.num_steps < 1 or self.topk < 1:
             raise ValueError("num_steps and topk must be >= 1")
         if self.topk == 1:
@@ -216,6 +225,7 @@ class DraftRunner:
         self.draft = draft
         self.mode, self.steps, self.topk = config.mode, config.num_steps, config.topk
         self.num_draft_tokens = config.num_draft_tokens
+        self.ancestors_only = config.draft_tree_attention == "ancestors"
         self.max_len = max_len
         cfg = draft.config
         heads = cfg.num_attention_heads
@@ -240,12 +250,13 @@ class DraftRunner:
             return self.draft.project(feats)
         return feats.to(self.dtype)
 
-    def logprobs(self, logits, hidden_out):
-        """Scores over the vocabulary this mode drafts from, and whether ids need d2t."""
+    def probs(self, logits, hidden_out):
+        """Probabilities over the vocabulary this mode drafts from (fp32 softmax, as SGLang's
+        renorm_draft_probs), and whether ids need d2t."""
         if self.mode == "EAGLE3":
-            return torch.log_softmax(logits.float(), dim=-1), True
+            return torch.softmax(logits.float(), dim=-1), True
         head_logits = self.target_head(self.draft.norm(hidden_out).to(self.target_head.weight.dtype))
-        return torch.log_softmax(head_logits.float(), dim=-1), False
+        return torch.softmax(head_logits.float(), dim=-1), False
 
     def pick(self, logits, hidden_out):
         """Greedy draft token as a target id: [..] long."""
@@ -307,28 +318,33 @@ class DraftRunner:
         return self._grow(logits[0, -1], hidden_out[0, -1], base + ids.shape[1])
 
     def _grow(self, logits, hidden, m):
-        """SGLang-style expansion from the root at position m ([1] tensor): S steps, each feeding the
-        K best beams (by cumulative log-probability) at fresh slots after m, each beam seeing the
-        prefix and its own ancestors, and keeping their top K children; then the D - 1 best nodes."""
+        """SGLang's expansion from the root at position m ([1] tensor): S steps, each feeding the K
+        best beams (by cumulative probability, a product as SGLang's select_top_k_tokens) at fresh
+        slots after m and keeping their top K children; then the D - 1 best nodes.
+
+        Beam slot j of step i is written at m + i K + j. A beam sees the prefix and, with
+        draft_tree_attention "sglang", the slots j of the steps up to its own (SGLang's per-slot
+        kv indices: the slot's earlier tokens, which are the beam's ancestors only when the slot
+        kept its lineage), or with "ancestors" its own ancestors' slots."""
         k, dev = self.topk, hidden.device
         cols = torch.arange(self.max_len, device=dev)
-        lp, mapped = self.logprobs(logits, hidden)  # [V*]
-        top = lp.topk(k)
+        p, mapped = self.probs(logits, hidden)  # [V*]
+        top = p.topk(k)
         tokens, scores = [self.to_target(top.indices, mapped)], [top.values]
         parents, depths = [torch.full((k,), -1, device=dev)], [torch.ones(k, dtype=torch.long, device=dev)]
         beams = torch.arange(k, device=dev)  # node index of each beam
         beam_tokens, beam_scores = tokens[0], scores[0]  # [K] each
         beam_hidden = hidden[None].expand(k, -1)  # [K,H]: the draft output that predicted each beam
-        vis = (cols < m)[None].expand(k, -1)  # [K,M]: slots each beam sees (prefix, then ancestors)
+        vis = (cols < m)[None].expand(k, -1)  # [K,M]: slots each beam sees (prefix, then earlier steps)
         n_nodes = k
         for depth in range(2, self.steps + 1):
             slots = m + (depth - 2) * k + torch.arange(k, device=dev)  # [K]
             vis = vis | (cols[None] == slots[:, None])
             lg, hid = self.forward(beam_tokens[None], beam_hidden[None], (m + depth - 2).expand(k)[None],
                                    slots, vis[None, None])
-            lp, mapped = self.logprobs(lg[0], hid[0])  # [K,V*]
-            top = lp.topk(k, dim=-1)
-            cand = (beam_scores[:, None] + top.values).flatten()  # [K*K] cumulative scores of the children
+            p, mapped = self.probs(lg[0], hid[0])  # [K,V*]
+            top = p.topk(k, dim=-1)
+            cand = (beam_scores[:, None] * top.values).flatten()  # [K*K] cumulative scores of the children
             tokens.append(self.to_target(top.indices, mapped).flatten())
             scores.append(cand)
             parents.append(beams[:, None].expand(k, k).flatten())  # row r's children have parent beams[r]
@@ -336,18 +352,21 @@ class DraftRunner:
             best = cand.topk(k).indices  # [K] the next beams, among the K*K children
             beams = n_nodes + best
             beam_tokens, beam_scores = tokens[-1][best], cand[best]
-            beam_hidden = hid[0, best // k]
-            vis = vis[best // k]
+            beam_hidden = hid[0, best // k]  # SGLang gathers the hidden states by parent too
+            if self.ancestors_only:
+                vis = vis[best // k]
             n_nodes += k * k
         return self._select(torch.cat(tokens), torch.cat(scores), torch.cat(parents), torch.cat(depths))
 
     def _select(self, tokens, scores, parents, depths):
-        """The D - 1 best nodes by score, parents first, with the verify list's parents and ancestor
-        mask. Log-probabilities are <= 0 and the depth term breaks ties, so a child never outranks
-        its parent: the chosen nodes always include their ancestors."""
+        """The D - 1 best nodes by score, in node order (parents first), with the verify list's
+        parents and ancestor mask: SGLang's organize_draft_results (top D - 1 of the raw scores,
+        sorted by index). Scores are products of probabilities, so a child never outscores its
+        parent; the stable sort ranks an equal-scored parent (its index is lower) first, so the
+        chosen nodes always include their ancestors."""
         d, n = self.num_draft_tokens, tokens.numel()
-        chosen = (scores - 1e-3 * depths).topk(d - 1).indices
-        chosen = chosen[torch.argsort(depths[chosen] * n + chosen)]  # [D-1] by depth: parents first
+        chosen = torch.sort(scores, descending=True, stable=True).indices[: d - 1]
+        chosen = chosen.sort().values  # [D-1] node order: by depth, parents first
         index = torch.zeros(n, dtype=torch.long, device=tokens.device)
         index.index_copy_(0, chosen, torch.arange(1, d, device=tokens.device))  # node -> its place in the verify list
         par = parents[chosen]
