@@ -12,13 +12,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers_lab import running_lab
+from helpers_lab import published_notebooks, running_lab
 
 ROOT = Path(__file__).parents[1]
 CHROMIUM = os.environ.get("DRAFTLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -33,17 +32,8 @@ def embeds_a_figure(path: Path) -> bool:
 def published_with_figures(stems=PUBLISHED_STEMS) -> list[str]:
     """For each stem, one committed executed notebook that embeds a figure: results/reference's when it has one,
     else another published run's. The reference run is re-pointed from run to run, so no path is typed here."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split("\0")
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout: what is on disk
-        listed = [str(p.relative_to(ROOT)) for p in ROOT.glob("results/*/executed/*.ipynb")]
-    paths = sorted((p for p in listed if p and (ROOT / p).is_file()), key=lambda p: (p.split("/")[1] != "reference", p))
+    paths = sorted((str(p.relative_to(ROOT)) for p in published_notebooks()),
+                   key=lambda p: (p.split("/")[1] != "reference", p))
     chosen = []
     for stem in stems:
         found = next((p for p in paths if Path(p).stem == stem and embeds_a_figure(ROOT / p)), None)

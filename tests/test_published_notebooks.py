@@ -18,28 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers_lab import published_notebooks
+
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "embed_saved_figures.py"
 MARK = "draftlab_embedded_figure"
 
 
-def published() -> list[Path]:
-    """Executed notebooks git tracks (a local `make demo` run is not published); a glob outside git."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        paths = [ROOT / p for p in out.split("\0") if p]
-    except (OSError, subprocess.CalledProcessError):
-        paths = sorted(ROOT.glob("results/*/executed/*.ipynb"))
-    return sorted(p for p in paths if p.is_file())
-
-
-PUBLISHED = published()
+PUBLISHED = published_notebooks()
 
 
 def code_cells(path: Path) -> list[dict]:

@@ -1,5 +1,5 @@
 """Start JupyterLab on loopback the way `make lab` does (same config file), for tests that talk to it;
-read the text a saved figure carries (png_text)."""
+read the text a saved figure carries (png_text); list the published executed notebooks."""
 
 from __future__ import annotations
 
@@ -17,6 +17,18 @@ import httpx
 
 ROOT = Path(__file__).parents[2]
 LAB_CONFIG = ROOT / "scripts" / "lab" / "jupyter_server_config.py"
+
+
+def published_notebooks() -> list[Path]:
+    """Executed notebooks git tracks under results/*/executed (a local `make demo` run is not
+    published); what is on disk outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        paths = [ROOT / p for p in out.split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):
+        paths = list(ROOT.glob("results/*/executed/*.ipynb"))
+    return sorted(p for p in paths if p.is_file())
 
 
 @dataclass
