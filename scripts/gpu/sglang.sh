@@ -18,9 +18,10 @@
 #   notebooks  a published run (PUBLISHED, tracked) re-executed with its published draft, nothing trained:
 #            the run folder and the draft become $RUN, STAGES_NOTEBOOKS (default "00 05 06") run as step.sh
 #            runs them (P<NN> overrides), then packed as step.sh packs ($OUT/reference.tar.gz); exit 0, 3 or 1.
-#   oracle   the oracle gap on more prompts (SAMPLES, e.g. 256): the engine (chain S=6, tree 5x4x8) and a
-#            batch-1 SGLang study of the same settings at the same time (acceptance only), into
-#            $DL/check<SAMPLES>; the gaps in $OUT/oracle_check.json
+#   oracle   the oracle gap on more prompts (SAMPLES, e.g. 256): the engine (chain S=6, tree 5x4x8), then a
+#            batch-1 SGLang study of the same settings, into $DL/check<SAMPLES>; the gaps in
+#            $OUT/oracle_check.json. One after the other: run at once (ninth session) the engine slowed to
+#            ~1 prompt/s beside SGLang and its tree run was cut. A rerun resumes the missing parts.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
@@ -126,8 +127,8 @@ publish_run() {  # PHASE=notebooks/oracle: the published run and its draft as $R
   say "published run $from in $RUN: $(ls "$RUN" | paste -sd ' '); draft $(du -sh "$RUN/drafts/eagle3" | cut -f1)"
 }
 
-oracle_check() {  # PHASE=oracle: engine and SGLang acceptance on the same SAMPLES prompt ids, at the same time
-  local chk=$DL/check$SAMPLES spec name args pids=()
+oracle_check() {  # PHASE=oracle: engine, then SGLang, acceptance on the same SAMPLES prompt ids
+  local chk=$DL/check$SAMPLES spec name args
   mkdir -p "$chk/sglang"
   for spec in "chain6 --steps 6" "tree548 --steps 5 --topk 4 --num-draft-tokens 8"; do
     read -r name args <<< "$spec"
@@ -135,21 +136,19 @@ oracle_check() {  # PHASE=oracle: engine and SGLang acceptance on the same SAMPL
     # shellcheck disable=SC2086
     timeout "$(( $(left) - 30 ))" python3 -m draftlab.cli bench specdec --target embedded --draft "$DRAFT" \
       --device cuda --dtype bfloat16 --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" \
-      --max-new-tokens 128 --out "$chk/sglang/oracle_$name.json" $args > "$chk/engine_$name.log" 2>&1 &
-    pids+=($!)
+      --max-new-tokens 128 --out "$chk/sglang/oracle_$name.json" $args > "$chk/engine_$name.log" 2>&1
+    say "oracle check: engine $name exit $?"
   done
   timeout "$(( $(left) - 20 ))" python3 -m draftlab.cli bench sglang --model-path "$MODEL_DIR" --draft "$DRAFT" \
     --eval-set "$RUN/data/blend/test.jsonl" --samples "$SAMPLES" --max-new-tokens 128 --prefix "$PREFIX" \
     --python python3 --chain 6 --trees 5x4x8 --concurrency 1 --no-wrong-flag --repeats 1 --warmup 0 \
     --budget-s $(( $(left) - 60 )) --out "$chk/sglang/study" 2>&1 | grep -v "it/s\]"
-  say "oracle check: SGLang study exit ${PIPESTATUS[0]}; waiting for the engine (pids ${pids[*]})"
-  for name in "${pids[@]}"; do wait "$name"; done
-  tail -3 "$chk"/engine_*.log
+  say "oracle check: SGLang study exit ${PIPESTATUS[0]}"
   python3 - "$chk" "$SAMPLES" "$OUT/oracle_check.json" <<'PY'
 import json, sys
 from draftlab.benchmark_acceptance.sglang_report import oracle_gaps
 gaps = oracle_gaps(sys.argv[1])
-note = "engine and SGLang ran at the same time on one GPU: acceptance only, their tok/s are not measurements"
+note = "the engine, then SGLang, on the same prompt ids: acceptance per setting"
 json.dump({"samples": int(sys.argv[2]), "note": note, "gaps": gaps}, open(sys.argv[3], "w"), indent=1)
 for g in gaps:
     print(g["setting"], "engine", round(g["engine"], 4), "sglang", round(g["sglang"], 4), f"gap {100 * g['gap']:+.2f}%")
