@@ -125,3 +125,6 @@ def test_a_random_target_stamps_every_figure_and_records_it(tmp_path):
     fig2, _ = plt.subplots()
     assert "draftlab:caveat" not in png_text(nb.save_figure(real, fig2, "y")) and not fig2.texts
     plt.close("all")
+    # a cell that ends with the call shows where the file went, not PosixPath('...') (issue 20.3)
+    assert repr(path) == f"saved {tmp_path / 'figures' / '03_regenerate_x.png'}" and path.is_file()
+    assert repr(nb.save_metrics(run, {"a": 1})) == f"saved {tmp_path / 'metrics.json'}"

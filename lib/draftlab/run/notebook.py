@@ -138,6 +138,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class Saved(type(Path())):
+    """A path a notebook cell wrote, shown as `saved <path>`: the cell's result then reads as what
+    happened, not as `PosixPath('...')` beside the figure (issue 20.3)."""
+
+    def __repr__(self) -> str:
+        return f"saved {self}"
+
+
 def save_figure(run: Run, fig, label: str, caveat: str | None = None) -> Path | None:
     """Save a figure as RUN_DIR/figures/<notebook>_<label>.png (what the README links to).
 
@@ -151,7 +159,7 @@ def save_figure(run: Run, fig, label: str, caveat: str | None = None) -> Path | 
         stamp(fig, caveat)
     path = run.figures / f"{run.name}_{label}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"draftlab:caveat": caveat} if caveat else None)
-    return path
+    return Saved(path)
 
 
 def stamp(fig, caveat: str) -> None:
@@ -171,7 +179,7 @@ def stamp(fig, caveat: str) -> None:
 
 def save_metrics(run: Run, metrics: dict) -> Path:
     """Merge this notebook's metrics into RUN_DIR/metrics.json under its own name."""
-    return merge_metrics(run.dir, run.name, metrics)
+    return Saved(merge_metrics(run.dir, run.name, metrics))
 
 
 def merge_metrics(run_dir: Path, key: str, value: dict) -> Path:
