@@ -52,7 +52,7 @@ def test_published_notebook_that_saves_figures_embeds_them(path):
         named = [
             o
             for o in outs
-            if re.search(r"PosixPath\('[^']*/figures/[^']+\.png'\)", text(o.get("data", {}).get("text/plain")))
+            if re.search(r"(PosixPath\('|saved )[^'\s]*/figures/[^'\s]+\.png", text(o.get("data", {}).get("text/plain")))
         ]
         if named:
             assert any("image/png" in o.get("data", {}) for o in outs), (
