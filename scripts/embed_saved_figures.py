@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATH_OUTPUT = re.compile(r"(?:PosixPath\('|saved )([^'\s]*/figures/([^'/\s]+\.png))")  # run.notebook.Saved: "saved <path>"
+# PosixPath('...') in old records; "saved <path>" since run.notebook.Saved
+PATH_OUTPUT = re.compile(r"(?:PosixPath\('|saved )([^'\s]*/figures/([^'/\s]+\.png))")
 SAVE_CALL = re.compile(r"""^(\s*).*save_figure\(\s*run\s*,\s*\w+\s*,\s*["']([^"']+)["']\s*\)""", re.M)
 MARK = "draftlab_embedded_figure"
 

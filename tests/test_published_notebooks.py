@@ -23,6 +23,7 @@ from helpers_lab import published_notebooks
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "scripts" / "embed_saved_figures.py"
 MARK = "draftlab_embedded_figure"
+FIGURE_PATH = re.compile(r"(PosixPath\('|saved )[^'\s]*/figures/[^'\s]+\.png")  # a cell's saved-figure result
 
 
 PUBLISHED = published_notebooks()
@@ -52,7 +53,7 @@ def test_published_notebook_that_saves_figures_embeds_them(path):
         named = [
             o
             for o in outs
-            if re.search(r"(PosixPath\('|saved )[^'\s]*/figures/[^'\s]+\.png", text(o.get("data", {}).get("text/plain")))
+            if FIGURE_PATH.search(text(o.get("data", {}).get("text/plain")))
         ]
         if named:
             assert any("image/png" in o.get("data", {}) for o in outs), (
