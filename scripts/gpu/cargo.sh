@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What a measurement session carries to the GPU machine (the target GGUF, the notebooks' wheels, the
 # SGLang bundle, the published draft) as one tar stream cut into equal chunks, one chunk a call.
-# Why: a call carries 64 MiB together with the working tree (about 14 MiB now); items of uneven
+# Why: a call carries 64 MiB together with the working tree (19 MiB on 2026-12-01); items of uneven
 # sizes (a 56 MiB GGUF part, 55 MiB bundle parts, a 27 MiB draft) each took a call of their own and
 # some no longer fit beside the tree.
 #   here:  scripts/gpu/cargo.sh pack [CHUNK]   -> .device/cargo/c1 .. cN, each one chunk + its sha256
-#          (CHUNK default 48M; the items: scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
+#          (CHUNK default: 62 MiB less the working tree, e.g. 43M with a 19 MiB tree; the items: scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
 #          bundle --out .device/sglang`)
 #   there: scripts/gpu/cargo.sh receive       -> keeps each carried chunk (checked) in /tmp/cargo; once
 #          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
@@ -18,8 +18,13 @@ ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl
 LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
 HOLD=${CARGO_HOLD:-/tmp/cargo}
 
-pack() {
-  local size=${1:-48M} tmp=.device/cargo.tmp
+tree_mib() {  # what every call carries besides its chunk: the tracked and untracked-unignored files, in MiB
+  (git ls-files; git ls-files --others --exclude-standard) | xargs -d '\n' du -cb 2>/dev/null | tail -1 \
+    | awk '{print int($1 / 1048576) + 1}'
+}
+
+pack() {  # CHUNK default: what is left of a call's 64 MiB beside the working tree, less 2 MiB
+  local size=${1:-$(( 62 - $(tree_mib) ))M} tmp=.device/cargo.tmp
   for item in "${ITEMS[@]}"; do [ -e "$item" ] || { echo "cargo: $item missing (see this script's header)" >&2; exit 1; }; done
   rm -rf .device/cargo "$tmp"; mkdir -p "$tmp"
   tar -cf - "${ITEMS[@]}" | split -b "$size" -d -a 2 - "$tmp/chunk."
@@ -65,7 +70,7 @@ receive() {
 }
 
 case ${1:-} in
-  pack) pack "${2:-48M}" ;;
+  pack) pack "${2:-}" ;;
   receive) receive ;;
   *) echo "usage: scripts/gpu/cargo.sh pack [CHUNK] | receive" >&2; exit 2 ;;
 esac
