@@ -5,7 +5,8 @@
 # sizes (a 56 MiB GGUF part, 55 MiB bundle parts, a 27 MiB draft) each took a call of their own and
 # some no longer fit beside the tree.
 #   here:  scripts/gpu/cargo.sh pack [CHUNK]   -> .device/cargo/c1 .. cN, each one chunk + its sha256
-#          (CHUNK default: 62 MiB less the working tree, e.g. 43M with a 19 MiB tree; the items: scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
+#          (CHUNK default: 62 MiB less the working tree, e.g. 43M beside a 19 MiB tree; the items:
+#          scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
 #          bundle --out .device/sglang`)
 #   there: scripts/gpu/cargo.sh receive       -> keeps each carried chunk (checked) in /tmp/cargo; once
 #          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
