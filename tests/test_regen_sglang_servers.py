@@ -65,6 +65,7 @@ def test_target_servers_start_together_answer_on_their_urls_and_all_stop(tmp_pat
                           startup_timeout=20)
     with group as servers:
         assert servers.urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        assert servers.model == "/m/target"  # the `model` field requests carry: the served folder
         assert all(s.alive() for s in servers.servers) and servers.startup_s > 0
         pids = [s.pid for s in servers.servers]
     assert all(_gone(p) for p in pids)

@@ -133,6 +133,11 @@ class LocalServer(ServerProcess):
                          startup_timeout=startup_timeout, env=env, registry=registry)
 
     @property
+    def urls(self) -> list[str]:
+        """Its one base URL, as a list (a group of servers, sglang.server.TargetServers, has several)."""
+        return [self.base_url]
+
+    @property
     def model(self) -> str:
         """The `model` field requests must carry (transformers serve wants the folder path)."""
         return str(self.model_path)

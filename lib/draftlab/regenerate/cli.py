@@ -136,9 +136,9 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
         else:
             servers = LocalServer(folder, log_path=log_dir / "serve.log", device=resolve_device(args.device))
         with servers:
-            urls = servers.urls if args.sglang_servers else [servers.base_url]
+            urls = servers.urls
             print(f"servers {urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
-            config = config_from_args(args, model=args.model or (str(folder) if args.sglang_servers else servers.model))
+            config = config_from_args(args, model=args.model or servers.model)
             config.model_name = args.model_name or Path(folder).name
             summary = regenerate(rows, work, [*urls, *args.base_url], config,
                                  input_path=args.input, progress=not args.no_progress)

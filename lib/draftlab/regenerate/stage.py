@@ -223,17 +223,15 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
         if backend == "batch":
             tgt = load_target(target, device=device, dtype=dtype)
             config.model = config.model or target
-        elif not urls and sglang_servers > 0:
-            folder = str(resolve_path(target))
-            servers = stack.enter_context(TargetServers(folder, sglang_servers, out_dir, prefix=sglang_prefix or None))
-            urls, config.model = servers.urls, config.model or folder
-            report["server_startup_s"] = round(servers.startup_s, 1)
         elif not urls:
-            # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
-            threads = 1 if target == "tiny" and device == "cpu" else None
-            srv = stack.enter_context(LocalServer(resolve_path(target), out_dir / "serve.log",
-                                                  device=device, threads=threads))
-            urls, config.model = [srv.base_url], config.model or srv.model
+            if sglang_servers > 0:
+                servers = TargetServers(str(resolve_path(target)), sglang_servers, out_dir,
+                                        prefix=sglang_prefix or None)
+            else:  # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
+                threads = 1 if target == "tiny" and device == "cpu" else None
+                servers = LocalServer(resolve_path(target), out_dir / "serve.log", device=device, threads=threads)
+            srv = stack.enter_context(servers)
+            urls, config.model = srv.urls, config.model or srv.model
             report["server_startup_s"] = round(srv.startup_s, 1)
         elif not config.model:
             raise ValueError("config.model (the served model name) is needed with base_urls")

@@ -107,6 +107,7 @@ class TargetServers:
                  port: int = 30000, startup_timeout: float = 600.0, python: str | None = None):
         env = server_env(prefix) if prefix else None
         log_dir = Path(log_dir)
+        self.model = str(model_path)  # the `model` field the servers answer to (SGLang serves the folder path)
         self.servers = [SGLangServer(cmd, log_dir / f"sglang-{i}.log", python=python, env=env,
                                      startup_timeout=startup_timeout)
                         for i, cmd in enumerate(regeneration_commands(model_path, count, port=port))]
