@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftlab.model.capture import default_capture
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.target import Target, autocast
-from draftlab.train_draft import Features, TTTObjective, soft_targets
+from draftlab.train_draft import Features, TTTObjective, targets_at
 
 DEVICE = "cuda"  # --device cpu: a smoke test of this script with the tiny target's config
 
@@ -98,14 +98,13 @@ def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=1
 
         def targets():
             with autocast(DEVICE):
-                state["t"] = soft_targets(target, state["last"], draft.draft_ids(), draft.t2d)
+                state["t"] = targets_at(target, state["last"], pred_mask, draft.draft_ids(), draft.t2d)
 
-        pred_mask = torch.nn.functional.pad((loss_mask & valid)[:, 1:], (0, 1))
+        pred_mask = torch.nn.functional.pad((loss_mask & valid)[:, 1:], (0, 1)).cpu()
 
         def fwd_bwd():
-            td, top, inv = state["t"]
             with autocast(DEVICE):
-                loss, _ = objective(state["f"], ids, valid, pred_mask, inv, td, top)
+                loss, _ = objective(state["f"], ids, valid, state["t"])
             loss.backward()
 
         def opt_step():

@@ -242,13 +242,13 @@ def test_time_budget_defers_the_rest(tmp_path, tiny_target):
 
 def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_target):
     """The cached target states give the same per-step stats as train's online path (Features +
-    soft_targets), for both architectures."""
+    targets_at), for both architectures."""
     import torch
     import torch.nn.functional as F
 
     from draftlab.model.chat_data import load_tokenized
     from draftlab.model.draft import Eagle3Draft, draft_config_for_target
-    from draftlab.train_draft import Features, TTTObjective, collate, soft_targets
+    from draftlab.train_draft import Features, TTTObjective, collate, targets_at
 
     _regen_dir(tmp_path, 4, 3)
     ds, _ = load_tokenized(tmp_path / "data" / "regen" / "val.jsonl", tiny_target.tokenizer, 64)
@@ -265,9 +265,8 @@ def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_tar
         for k in range(len(ds)):
             ids, valid, loss = collate(ds, [k], tiny_target.tokenizer.pad_token_id)
             f, last = feats([k], ids, valid, "cpu")
-            target_d, top, in_vocab = soft_targets(tiny_target, last, draft.draft_ids(), draft.t2d)
             pred = F.pad((loss & valid)[:, 1:], (0, 1))
-            total += objective(f, ids, valid, pred, in_vocab, target_d, top)[1]
+            total += objective(f, ids, valid, targets_at(tiny_target, last, pred, draft.draft_ids(), draft.t2d))[1]
         from draftlab.train_draft import summarize
 
         theirs = summarize(total, 0.8)

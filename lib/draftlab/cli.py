@@ -33,6 +33,8 @@ COMMANDS = {
                "export a trained draft in SGLang's EAGLE-3 format and validate it"),
     "doctor": ("draftlab.flag_diagnosis.cli", "add_doctor_parser",
                "check a draft, its target and the SGLang flags for silent mismatches (or probe a server)"),
+    "recipes": ("draftlab.data_scaling.cli", "add_recipes_parser",
+                "the recipe study: one draft per recipe row, all measured in SGLang"),
     "sglang": ("draftlab.sglang.cli", "add_sglang_parser",
                "an offline SGLang bundle: build it here, install it on a machine without a network"),
 }

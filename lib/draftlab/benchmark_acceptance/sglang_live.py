@@ -138,9 +138,10 @@ def measure_server(
     timeout: float = 600.0,
     transport=None,
 ) -> tuple[list[Window], list[Reply]]:
-    """Per concurrency `warmup` unmeasured windows, then `repeats` flushed ones; the first batch-1
-    window's replies. (Measured 2026-12-01: with 4 warm-up prompts the first server measured ran its
-    first three batch-1 windows at 490 tok/s and its fifth at 736: the kernels were still compiling.)
+    """Per concurrency `warmup` unmeasured windows, then `repeats` flushed ones; the replies of the
+    first window at the entry's first concurrency (batch 1 in a study). (Measured 2026-12-01: with 4
+    warm-up prompts the first server measured ran its first three batch-1 windows at 490 tok/s and its
+    fifth at 736: the kernels were still compiling.)
 
     Batch 1 sends the first `samples` prompts (all when None); concurrency c sends the first
     max(samples, per_stream * c), so that c streams stay busy for most of the window instead of
@@ -183,7 +184,7 @@ def measure_server(
                             True,
                         )
                     )
-                    if first is None and c == 1:
+                    if first is None and c == entry.concurrency[0]:
                         first = sorted(replies, key=lambda r: r.index)
         return windows, first or []
 

@@ -14,7 +14,7 @@ from draftlab.model.chat_data import load_tokenized
 from draftlab.model.draft import load_draft
 from draftlab.model.hidden import draft_layers, final_feature, logits_from_last, target_states
 from draftlab.model.target import autocast
-from draftlab.train_draft import TTTObjective, collate, summarize
+from draftlab.train_draft import TTTObjective, collate, summarize, targets_at
 
 # ---------------------------------------------------------------------------------- evaluation
 
@@ -59,7 +59,7 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     """Per-step accuracy and simulated acceptance length (1 + a0 + a0*a1 + ...) on held-out rows.
 
     Uses the training objective's own bookkeeping (`draftlab.train_draft.TTTObjective`, soft targets over
-    the draft vocabulary as in `train.soft_targets`), one conversation at a time so that a
+    the draft vocabulary as in `train_draft.targets_at`), one conversation at a time so that a
     bootstrap over conversations gives the standard error.
     """
     import torch
@@ -78,10 +78,10 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
         for ids, valid, loss_mask, aux, last, top in tqdm(held.items, desc="held-out eval", unit="conv",
                                                           disable=not progress, leave=False):
             with amp:
-                target_d = logits_from_last(target, last, vocab_ids=dids)  # [1,L,Vd]
                 pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [1,L]: token p+1 is an assistant token
                 feats = aux if draft.use_aux else final_feature(target, last)
-                per.append(objective(feats, ids, valid, pred_mask, t2d[top], target_d, top)[1].float().cpu())
+                targets = targets_at(target, last, pred_mask, dids, t2d, top=top)
+                per.append(objective(feats, ids, valid, targets)[1].float().cpu())
     draft.train(was_training)
     stats = torch.stack(per)  # [n, steps, 4]
     out = summarize(stats.sum(0), decay)

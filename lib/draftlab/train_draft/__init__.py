@@ -24,12 +24,14 @@ from draftlab.train_draft.loop import (  # noqa: F401
 )
 from draftlab.train_draft.objective import (  # noqa: F401
     ATTENTION_KERNELS,
+    LOSSES,
     Features,
+    Targets,
     TTTObjective,
     attention_kernel,
     collate,
     dist_info,
     epoch_plans,
     plan_epoch,
-    soft_targets,
+    targets_at,
 )

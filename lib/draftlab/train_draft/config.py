@@ -38,6 +38,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     ttt_steps: int = 7  # training-time-test unroll: draft positions trained per step
     step_decay: float = 0.8  # loss weight of unroll position i is step_decay**i
+    loss: str = "soft"  # soft: CE against the target's softmax over the draft vocabulary | hard: against its arg-max
     lr: float = 1e-4  # AdamW peak learning rate
     warmup_ratio: float = 0.015  # share of the steps spent warming the learning rate up (then cosine decay)
     weight_decay: float = 0.0  # AdamW weight decay
@@ -53,6 +54,7 @@ class TrainConfig:
     seed: int = 0  # random seed (data order, initialisation)
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)
+    recompute_head: bool = True  # CUDA: recompute each TTT step's [N,Vd] logits in backward (memory for time)
     attention: str = "auto"  # SDPA kernel: auto (torch picks; cuDNN off on CUDA) | cudnn | efficient | flash | math
 
     @classmethod

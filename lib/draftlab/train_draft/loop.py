@@ -41,6 +41,7 @@ from draftlab.train_draft.checkpoint import (
 from draftlab.train_draft.config import TrainConfig
 from draftlab.train_draft.objective import (
     ATTENTION_KERNELS,
+    LOSSES,
     Features,
     TTTObjective,
     _all_reduce,
@@ -49,7 +50,7 @@ from draftlab.train_draft.objective import (
     dist_info,
     epoch_plans,
     plan_epoch,
-    soft_targets,
+    targets_at,
 )
 from draftlab.train_draft.vocab import build_draft_vocab, coverage, save_vocab, token_counts
 
@@ -97,6 +98,8 @@ class TrainingRun:
             raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
         if cfg.hidden not in ("online", "offline"):
             raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
+        if cfg.loss not in LOSSES:
+            raise ValueError(f"loss = {cfg.loss!r}, expected one of {list(LOSSES)}")
         if cfg.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
         if cfg.fc_norm not in FC_NORMS or (cfg.fc_norm != "none" and cfg.arch != "eagle3"):
@@ -214,7 +217,7 @@ class TrainingRun:
     def build_optimizer(self) -> None:
         """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
         cfg = self.cfg
-        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay)
+        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head)
         self.model = self.objective
         if self.world > 1:
             # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
@@ -267,16 +270,19 @@ class TrainingRun:
 
     # ---- the step loop
     def batch_tensors(self, indices, feature_fn):
-        """One micro-batch: features, ids, masks and the target's soft labels over the draft vocabulary."""
+        """One micro-batch: features, ids, valid, and the target's Targets at the assistant positions."""
         data = self.train_ds if feature_fn is self.feats else self.val_ds
         ids, valid, loss_mask = collate(data, indices, self.target.tokenizer.pad_token_id or 0, self.cfg.pad_multiple)
+        pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L] on the CPU: token p+1 is an assistant token
         f, last = feature_fn(indices, ids, valid, self.device)
-        ids, valid, loss_mask = ids.to(self.device), valid.to(self.device), loss_mask.to(self.device)
+        ids, valid = ids.to(self.device, non_blocking=True), valid.to(self.device, non_blocking=True)
         with autocast(self.device):
-            target_d, top, in_vocab = soft_targets(self.target, last.to(self.target.model.dtype), self.dids,
-                                                   self.t2d)
-        pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [B,L]: token p+1 is an assistant token
-        return f, ids, valid, pred_mask, in_vocab, target_d, top
+            targets = targets_at(self.target, last.to(self.target.model.dtype), pred_mask, self.dids, self.t2d)
+        return f, ids, valid, targets
+
+    def valid_tokens(self, indices) -> int:
+        """Real (non-padding) tokens of a micro-batch, from the lengths: no device sync."""
+        return sum(self.lengths[k] for k in indices)
 
     def evaluate(self) -> dict:
         cfg, draft = self.cfg, self.draft
@@ -309,7 +315,7 @@ class TrainingRun:
                     loss, stats = self.model(*tensors)
                 (loss / cfg.grad_accum).backward()
             step_stats += stats.float()
-            self.tok_seen += int(tensors[2].sum())
+            self.tok_seen += self.valid_tokens(b)
         torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         self.opt.step()
         self.sched.step()
@@ -386,7 +392,7 @@ class TrainingRun:
 
 # Settings that may change between a run and its resumption (they do not change the result).
 RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
-               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention")
+               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention", "recompute_head")
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
@@ -100,38 +100,41 @@ def attention_kernel(name: str):
 
 
 # ---- the TTT objective -----------------------------------------------------------------------
-def _shift(x: torch.Tensor, k: int, length: int) -> torch.Tensor:
-    """x[:, k:k+length] zero-padded on the right to `length` (dim 1)."""
-    y = x[:, k:k + length]
-    if y.shape[1] < length:
-        pad = [0, 0] * (x.dim() - 2) + [0, length - y.shape[1]]
-        y = F.pad(y, pad)
-    return y
+LOSSES = ("soft", "hard")  # soft: CE against the target's softmax over the draft vocab; hard: against its arg-max
 
 
 class TTTObjective(nn.Module):
     """Wraps the draft so that DDP sees one forward per micro-batch: returns (loss, stats).
 
-    stats [steps, 4] = (sum of soft CE over trained slots, trained slots, correct, scored slots).
+    stats [steps, 4] = (sum of CE over trained slots, trained slots, correct, scored slots).
+    Only the slots that predict an assistant token are gathered for the head (prompt and padding
+    slots are a third or more of a batch); their indices come from `Targets.rows`, on the CPU, so a
+    step needs no device-to-host sync. `recompute_head` trades the [N,Vd] logits' memory for a
+    second head forward in backward (activation checkpointing, CUDA only).
     """
 
-    def __init__(self, draft: Eagle3Draft, steps: int, decay: float):
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, loss: str = "soft", recompute_head: bool = True):
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss = {loss!r}, expected one of {list(LOSSES)}")
         self.draft = draft
         self.steps = steps
         self.decay = decay
+        self.loss = loss
+        self.recompute_head = recompute_head
 
-    def _step_loss(self, hid, target_d, trained, scored, target_top):
-        """One TTT step: (masked mean soft CE, stats row [4]) from the step's pre-norm output.
+    def _step_loss(self, hid_rows, target_rows, trained, top):
+        """One TTT step on its N gathered slots: (masked mean CE, stats row [4]).
 
-        The head and both softmaxes run on the scored slots only (assistant tokens; prompt and
-        padding slots are a third or more of a batch and would only be masked out afterwards)."""
-        keep = scored.nonzero(as_tuple=True)
-        trained, top = trained[keep].float(), target_top[keep]  # [N]
-        logits = self.draft.head(hid[keep])  # [N,Vd]
+        hid_rows [N,H] pre-norm outputs; target_rows [N,Vd] target logits over the draft vocabulary
+        (soft) or [N] draft ids of the target's arg-max (hard); trained [N] float (arg-max in the draft
+        vocabulary); top [N] the target's full-vocabulary arg-max."""
+        logits = self.draft.head(hid_rows)  # [N,Vd]
         logp = torch.log_softmax(logits.float(), -1)
-        p = torch.softmax(target_d[keep].float(), -1)
-        ce = -(p * logp).sum(-1)  # [N]
+        if self.loss == "soft":
+            ce = -(torch.softmax(target_rows.float(), -1) * logp).sum(-1)  # [N]
+        else:
+            ce = -logp.gather(-1, target_rows[:, None]).squeeze(-1)  # [N]
         n = trained.sum()
         loss = (ce * trained).sum() / n.clamp(min=1)
         with torch.no_grad():
@@ -140,19 +143,25 @@ class TTTObjective(nn.Module):
                               torch.tensor(float(top.numel()), device=n.device)])
         return loss, st
 
-    def forward(self, feats, input_ids, valid, pred_mask, in_vocab, target_d, target_top):
-        # feats [B,L,F]; everything else [B,L(,Vd)] indexed by position p; slot t uses p = t+1+i.
-        length = input_ids.shape[1] - 1
+    def forward(self, feats, input_ids, valid, targets: "Targets"):
+        # feats [B,L,F], input_ids/valid [B,L]; slot t (of T = L-1) at step i predicts position p = t+1+i's next token.
+        b, seq = input_ids.shape
+        length = seq - 1
         hidden = self.draft.project(feats[:, :length])  # [B,T,H]
-        pos = torch.arange(length, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+        pos = torch.arange(length, device=input_ids.device)[None].expand(b, -1)
+        batch, p = targets.rows // seq, targets.rows % seq  # [P] on the CPU
+        device = hidden.device
         total = hidden.new_zeros((), dtype=torch.float32)
         stats = []
         for i, hid in self.draft.ttt_forward(input_ids[:, 1:], hidden, pos, valid[:, 1:], self.steps):
-            scored = _shift(pred_mask, 1 + i, length)  # [B,T] assistant token to predict
-            trained = scored & _shift(in_vocab, 1 + i, length)
-            args = (hid, _shift(target_d, 1 + i, length), trained, scored, _shift(target_top, 1 + i, length))
-            if torch.is_grad_enabled() and hid.is_cuda:
-                # GPU memory: the [B,T,Vd] logits/softmaxes are recomputed in backward, not kept per step.
+            sel = (p >= 1 + i).nonzero(as_tuple=True)[0]  # [N] rows of `targets` with a slot at step i
+            slots = (batch[sel] * length + p[sel] - 1 - i).to(device, non_blocking=True)
+            sel = sel.to(device, non_blocking=True)
+            top, draft_top = targets.top[sel], targets.draft_top[sel]
+            labels = targets.logits[sel] if self.loss == "soft" else draft_top.clamp(min=0)
+            args = (hid.reshape(b * length, -1)[slots], labels, (draft_top >= 0).float(), top)
+            if torch.is_grad_enabled() and hid.is_cuda and self.recompute_head:
+                # GPU memory: the [N,Vd] logits/softmaxes are recomputed in backward, not kept per step.
                 loss_i, st = torch.utils.checkpoint.checkpoint(self._step_loss, *args, use_reentrant=False)
             else:
                 loss_i, st = self._step_loss(*args)
@@ -179,17 +188,41 @@ class Features:
         return (aux if self.use_aux else final_feature(self.target, last)), last
 
 
+@dataclass
+class Targets:
+    """The target's next-token distribution at the positions a micro-batch predicts (pred_mask true).
+
+    rows [P] flat index b*L + p, on the CPU (int64); logits [P,Vd] target logits over the draft
+    vocabulary; top [P] full-vocabulary arg-max; draft_top [P] its draft id, -1 outside the draft
+    vocabulary (then the slot is scored but not trained)."""
+
+    rows: torch.Tensor
+    logits: torch.Tensor
+    top: torch.Tensor
+    draft_top: torch.Tensor
+
+
 @torch.no_grad()
-def soft_targets(target, last, draft_ids, t2d, chunk: int = 8192):
-    """From the pre-norm final state: (target logits over the draft vocab [B,L,Vd], full arg-max [B,L],
-    arg-max in draft vocab [B,L]); computed in chunks of positions to bound memory."""
-    b, l, h = last.shape
-    flat = last.reshape(b * l, h)
+def targets_at(target, last, pred_mask, draft_ids, t2d, top=None, chunk: int = 8192) -> Targets:
+    """From the pre-norm final state last [B,L,H] and pred_mask [B,L] (token p+1 is an assistant token):
+    the Targets of the predicted positions only, in chunks of positions to bound memory. `top` [B,L]:
+    the full-vocabulary arg-max when the caller has it already (then only the draft columns are computed)."""
+    rows = pred_mask.cpu().reshape(-1).nonzero(as_tuple=True)[0]  # [P]
+    at = rows.to(last.device)
+    flat = last.reshape(-1, last.shape[-1])[at]  # [P,H]
     d_parts, top_parts = [], []
     for s in range(0, flat.shape[0], chunk):
-        full = logits_from_last(target, flat[s:s + chunk])  # [n,V]
-        top_parts.append(full.argmax(-1))
-        d_parts.append(full[:, draft_ids])
-    target_d = torch.cat(d_parts).reshape(b, l, -1)
-    top = torch.cat(top_parts).reshape(b, l)
-    return target_d, top, t2d[top]
+        if top is None:
+            full = logits_from_last(target, flat[s:s + chunk])  # [n,V]
+            top_parts.append(full.argmax(-1))
+            d_parts.append(full[:, draft_ids])
+        else:
+            d_parts.append(logits_from_last(target, flat[s:s + chunk], vocab_ids=draft_ids))  # [n,Vd]
+    logits = torch.cat(d_parts) if d_parts else flat.new_zeros(0, len(draft_ids))
+    if top is not None:
+        top = top.reshape(-1)[at.to(top.device)].to(flat.device)
+    else:
+        top = torch.cat(top_parts) if top_parts else torch.zeros(0, dtype=torch.int64, device=flat.device)
+    # the draft id of each arg-max: its rank among the sorted draft ids, where it is one
+    draft_top = torch.where(t2d[top], torch.searchsorted(draft_ids, top), -1)
+    return Targets(rows, logits, top, draft_top)

@@ -1,0 +1,78 @@
+"""`draftlab recipes`: the recipe study's three steps (draftlab.data_scaling.recipes), each resumable."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from draftlab.data_scaling.recipes import (
+    ROWS,
+    deadline_from,
+    measure_rows,
+    prompt_sets,
+    train_rows,
+    write_report,
+)
+from draftlab.engine import encode_prompts
+from draftlab.model.target import load_tokenizer
+from draftlab.sglang.install import server_env
+
+
+def add_recipes_parser(subparsers) -> None:
+    p = subparsers.add_parser("recipes", help="the recipe study: train one draft per recipe row, measure all in SGLang")
+    sub = p.add_subparsers(dest="step", required=True)
+    rows_help = f"comma-separated rows of {', '.join(ROWS)}"
+
+    t = sub.add_parser("train", help="train the rows not trained yet (resumes cut ones)")
+    t.add_argument("--rows", required=True, help=rows_help)
+    t.add_argument("--train-file", required=True, help="regenerated conversations (JSONL)")
+    t.add_argument("--val-file", required=True)
+    t.add_argument("--out", required=True, help="the study folder: OUT/<row>/{train,draft,train.log}")
+    t.add_argument("--target", default="embedded")
+    t.add_argument("--parallel", type=int, default=1, help="rows trained at once on the one device")
+    t.add_argument("--budget-s", type=float, default=0, help="stop (and checkpoint) the rows after this many seconds")
+    t.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="a TrainConfig setting for every row that does not change the recipe (e.g. save_every 100)")
+    t.set_defaults(func=_train)
+
+    m = sub.add_parser("measure", help="every trained row's draft and SGLang's baseline, on the same prompt ids")
+    m.add_argument("--rows", required=True, help=rows_help)
+    m.add_argument("--out", required=True)
+    m.add_argument("--model-path", required=True, help="the target's HF folder (served and tokenised)")
+    m.add_argument("--held-out", required=True, help="the blend's held-out split (canonical JSONL)")
+    m.add_argument("--samples", type=int, default=64, help="held-out prompts")
+    m.add_argument("--humaneval", type=int, default=32, help="HumanEval prompts after them (0: none)")
+    m.add_argument("--steps", type=int, default=6, help="chain length S of every row's server")
+    m.add_argument("--concurrency", type=int, default=16)
+    m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
+    m.add_argument("--budget-s", type=float, default=0)
+    m.set_defaults(func=_measure)
+
+    r = sub.add_parser("report", help="OUT/table.csv and OUT/recipes.png from what OUT holds")
+    r.add_argument("--out", required=True)
+    r.set_defaults(func=_report)
+
+
+def _rows(text: str) -> list[str]:
+    return [r for r in text.split(",") if r]
+
+
+def _train(args: argparse.Namespace) -> int:
+    status = train_rows(_rows(args.rows), args.train_file, args.val_file, Path(args.out), target=args.target,
+                        parallel=args.parallel, deadline=deadline_from(args.budget_s), extra=dict(args.set))
+    return 0 if all(v == "done" for v in status.values()) else 3 if "cut" in status.values() else 1
+
+
+def _measure(args: argparse.Namespace) -> int:
+    prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval)
+    ids = encode_prompts(load_tokenizer(args.model_path), [p["messages"] for p in prompts])
+    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps,
+                 concurrency=args.concurrency, env=server_env(args.prefix) if args.prefix else None,
+                 deadline=deadline_from(args.budget_s))
+    return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    df = write_report(Path(args.out))
+    print(df.to_string(index=False))
+    return 0

@@ -1,0 +1,209 @@
+"""The recipe study (issue 18): one change per row against the reference recipe, each row's draft
+trained on the same regenerated set and measured the same way in SGLang.
+
+Why: going from 2 to 5 epochs alone took acceptance from 2.12 to 2.92, so which lever is worth its
+GPU time is an empirical question. A row is a set of TrainConfig overrides; `train_rows` runs
+`draftlab train --resume --export` for each (several at once on one GPU, each stopped at the
+call's deadline and resumed by the next call); `measure_rows` starts one SGLang server per draft
+(chain S, plus SGLang's plain baseline) and sends every server the same held-out and HumanEval
+prompt ids (draftlab.benchmark_acceptance.sglang_live); `table` joins both into one row each.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from draftlab.benchmark_acceptance.live import load_eval_set
+from draftlab.benchmark_acceptance.sglang_live import Entry, measure, read_windows, slug
+from draftlab.benchmark_acceptance.sglang_study import DEFAULT_SERVER_FLAGS, study_entries
+from draftlab.core.errors import InputError
+from draftlab.core.files import atomic_write_json
+from draftlab.core.process import run_until
+from draftlab.core.records import read_jsonl
+
+# The reference run's 04 settings (results/reference/params.yaml; tests/test_recipes.py keeps them equal).
+BASE = {"epochs": 5.0, "draft_vocab_size": 16000, "lr": 5e-4, "max_len": 2048, "batch_tokens": 16384,
+        "max_batch": 64, "ttt_steps": 7, "max_val_samples": 256, "arch": "eagle3"}
+
+# name -> (TrainConfig overrides against BASE, what the row asks)
+ROWS = {
+    "base": ({}, "the reference recipe"),
+    "epochs10": ({"epochs": 10.0}, "twice the passes over the same data"),
+    "vocab32k": ({"draft_vocab_size": 32000}, "a 32K draft vocabulary instead of 16K"),
+    "fcnorm": ({"fc_norm": "per_layer"}, "EAGLE 3.1's RMSNorm per captured state before fc"),
+    "hardce": ({"loss": "hard"}, "cross-entropy against the target's arg-max instead of its softmax"),
+    "lr1e-3": ({"lr": 1e-3}, "twice the peak learning rate"),
+    "ttt3": ({"ttt_steps": 3}, "a shallower training-time test (3 unroll steps instead of 7)"),
+    "eagle1": ({"arch": "eagle1"}, "the EAGLE-1-style draft (final state, no fc) on the same data"),
+}
+
+
+def recipe(row: str) -> dict:
+    """BASE with the row's overrides."""
+    if row not in ROWS:
+        raise InputError(f"recipe row {row!r}: expected one of {', '.join(ROWS)}")
+    return {**BASE, **ROWS[row][0]}
+
+
+def train_command(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> list[str]:
+    """`draftlab train` for one row, resumable and exporting its draft to OUT/<row>/draft at the end."""
+    settings = {**recipe(row), "train_file": train_file, "val_file": val_file, "out_dir": str(out / row / "train"),
+                "target": target, **extra}
+    argv = [sys.executable, "-m", "draftlab.cli", "train", "--resume", "--export", str(out / row / "draft")]
+    for key, value in settings.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
+def trained(out: Path, row: str) -> bool:
+    return (out / row / "draft" / "model.safetensors").is_file() and (out / row / "train" / "summary.json").is_file()
+
+
+def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, target: str = "embedded",
+               parallel: int = 1, deadline: float | None = None, extra: dict | None = None) -> dict[str, str]:
+    """Train the rows not trained yet, `parallel` at a time, each until it ends or `deadline`
+    (time.time()); a row cut at the deadline resumes from its checkpoint on the next call.
+    Returns {row: "done" | "cut" | "failed (exit N)"}; logs in OUT/<row>/train.log."""
+    for row in rows:
+        recipe(row)  # unknown rows fail before anything starts
+    todo = [r for r in rows if not trained(out, r)]
+    status = {r: "done" for r in rows if r not in todo}
+    deadline = deadline or float("inf")
+
+    def one(row: str) -> str:
+        (out / row).mkdir(parents=True, exist_ok=True)
+        with open(out / row / "train.log", "a") as log:
+            rc = run_until(train_command(row, train_file, val_file, out, target, extra or {}), deadline,
+                           stdout=log, stderr=log)
+        return "cut" if rc is None else "done" if rc == 0 and trained(out, row) else f"failed (exit {rc})"
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for row, result in zip(todo, pool.map(one, todo)):
+            status[row] = result
+            print(f"recipe row {row}: {result}", flush=True)
+    atomic_write_json(out / "train_status.json", status, indent=1)
+    return status
+
+
+def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict], dict[str, range]]:
+    """The held-out split's first `samples` prompts, then HumanEval's first `humaneval`: (prompts, index ranges)."""
+    prompts = load_eval_set(held_out, None, samples)
+    code = load_eval_set("humaneval", None, humaneval) if humaneval else []
+    if len(prompts) < samples:
+        raise InputError(f"{held_out}: {len(prompts)} prompts, fewer than {samples}")
+    return prompts + code, {"held_out": range(len(prompts)), "humaneval": range(len(prompts), len(prompts) + len(code))}
+
+
+def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, concurrency: int, port: int,
+                max_running_requests: int = 64, mem_fraction_static: float = 0.9,
+                max_total_tokens: int = 65536) -> list[Entry]:
+    """SGLang's plain baseline once, then one chain-S server per row's draft, each on its own ports."""
+    extra = DEFAULT_SERVER_FLAGS + ("--mem-fraction-static", str(mem_fraction_static),
+                                    "--max-total-tokens", str(max_total_tokens))
+    entries = []
+    for k, row in enumerate(rows):
+        base, chain = study_entries(model_path, str(out / row / "draft"), chain=[steps], main_steps=steps, trees=[],
+                                    concurrency=[concurrency], wrong_flag=False,
+                                    max_running_requests=max_running_requests, port=port + 2 * k, extra=extra)
+        if k == 0:
+            entries.append(base)
+        chain.label = row
+        entries.append(chain)
+    return entries  # ports: row k's servers on port + 2k (+ 1), NCCL on those + 100 (study_entries)
+
+
+def measure_rows(rows: list[str], out: Path, model_path: str, prompt_ids: list[list[int]], sets: dict[str, range], *,
+                 steps: int = 6, concurrency: int = 16, env: dict | None = None, deadline: float | None = None,
+                 port: int = 32000) -> list[str]:
+    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids; OUT/sglang/."""
+    ready = [r for r in rows if trained(out, r)]
+    if not ready:
+        raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
+    entries = row_entries(ready, out, model_path, steps=steps, concurrency=concurrency, port=port)
+    sglang = out / "sglang"
+    sglang.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sglang / "plan.json", {"steps": steps, "concurrency": concurrency, "prompt_ids": prompt_ids,
+                                             "sets": {k: [v.start, v.stop] for k, v in sets.items()},
+                                             "entries": [e.__dict__ for e in entries]}, indent=1)
+    # one window at `concurrency` over every prompt: acceptance per request comes back in meta_info
+    return measure(entries, prompt_ids, sglang, repeats=1, warmup=1, env=env, deadline=deadline,
+                   samples=len(prompt_ids))
+
+
+def _acceptance(replies: list[dict], indices: range) -> float | None:
+    """sum(completion tokens) / sum(verify steps) over the replies to these prompts (contract §5)."""
+    picked = [r for r in replies if r["index"] in indices and r.get("spec_verify_ct")]
+    verify = sum(r["spec_verify_ct"] for r in picked)
+    return sum(r["completion_tokens"] for r in picked) / verify if verify else None
+
+
+def table(out: Path) -> pd.DataFrame:
+    """One line per row: the change, SGLang acceptance per prompt set, tok/s, training minutes and rate,
+    and the validation's simulated acceptance (from the row's own training summary)."""
+    sglang = out / "sglang"
+    plan = json.loads((sglang / "plan.json").read_text())
+    sets = {k: range(*v) for k, v in plan["sets"].items()}
+    windows = {w["label"]: w for w in read_windows(sglang)} if (sglang / "windows.jsonl").is_file() else {}
+    lines = []
+    for row in [e["label"] for e in plan["entries"] if e["algorithm"]]:
+        overrides, why = ROWS[row]
+        line = {"row": row, "change": json.dumps(overrides) if overrides else "-", "question": why}
+        outputs = sglang / "outputs" / f"{slug(row)}.jsonl"
+        replies = list(read_jsonl(outputs)) if outputs.is_file() else []
+        for name, idx in sets.items():
+            line[f"sglang_acceptance_{name}"] = _acceptance(replies, idx)
+        w = windows.get(row)
+        line["sglang_tok_s"] = w["tokens_per_s"] if w else None
+        summary = out / row / "train" / "summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text())
+            line.update({"train_minutes": s["elapsed_total_s"] / 60, "train_tok_s": s["tokens_per_s"],
+                         "val_sim_acceptance": (s.get("eval") or {}).get("sim_accept_len"),
+                         "val_acc_0": (s.get("eval") or {}).get("acc_0")})
+        lines.append(line)
+    df = pd.DataFrame(lines)
+    base = windows.get("baseline")
+    if base is not None and not df.empty:
+        df["sglang_speedup"] = df["sglang_tok_s"] / base["tokens_per_s"]
+    return df
+
+
+def plot(df: pd.DataFrame, path: Path, steps: int = 6):
+    """Acceptance in SGLang per row (held-out and HumanEval bars), the reference recipe's as a line."""
+    import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(df) + 3, 4))
+    x = range(len(df))
+    for off, (col, name) in zip((-0.2, 0.2), (("sglang_acceptance_held_out", "held-out"),
+                                                ("sglang_acceptance_humaneval", "HumanEval"))):
+        ax.bar([i + off for i in x], df[col].fillna(0), width=0.4, label=name)
+    if "base" in set(df["row"]):
+        ax.axhline(float(df.loc[df["row"] == "base", "sglang_acceptance_held_out"].iloc[0]), color="grey", ls="--",
+                   lw=1, label="base, held-out")
+    ax.set_xticks(list(x), df["row"])
+    ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
+    ax.set_title("recipe study: one change per row (measured in SGLang 0.5.17, one H200)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path) -> pd.DataFrame:
+    """OUT/table.csv and OUT/recipes.png from what OUT holds so far."""
+    df = table(out)
+    df.to_csv(out / "table.csv", index=False)
+    if not df.empty:
+        plot(df, out / "recipes.png", json.loads((out / "sglang" / "plan.json").read_text())["steps"])
+    return df
+
+
+def deadline_from(budget_s: float) -> float | None:
+    return time.time() + budget_s if budget_s else None

@@ -1,0 +1,76 @@
+"""The recipe study: its base is the reference run's recipe, rows train (and resume) through
+`draftlab train`, the SGLang plan gives every row its own server, and the table reads per-set acceptance."""
+
+import json
+
+import pytest
+import yaml
+from tests.test_train import write_fixture
+
+from draftlab.core.records import append_jsonl
+from draftlab.data_scaling import recipes
+from draftlab.train_draft import TrainConfig
+
+SMOKE = {"device": "cpu", "draft_vocab_size": 256, "max_len": 64, "epochs": 1.0, "batch_tokens": 256, "max_batch": 4,
+         "ttt_steps": 2, "max_val_samples": 4, "log_every": 1, "save_every": 2, "eval_every": 4, "threads": 1}
+
+
+def test_base_is_the_reference_runs_recipe():
+    params = yaml.safe_load(open("results/reference/params.yaml"))["notebooks"]["04_train_draft"]
+    names = {"epochs": "EPOCHS", "draft_vocab_size": "DRAFT_VOCAB_SIZE", "lr": "LR", "max_len": "MAX_LEN",
+             "batch_tokens": "BATCH_TOKENS", "max_batch": "MAX_BATCH", "ttt_steps": "TTT_STEPS",
+             "max_val_samples": "VAL_SAMPLES"}
+    assert {k: params[v] for k, v in names.items()} == {k: recipes.BASE[k] for k in names}
+    assert params["ARCHS"] == [recipes.BASE["arch"]]
+    for row in recipes.ROWS:  # every row is a valid TrainConfig
+        TrainConfig.from_dict(recipes.recipe(row))
+
+
+def test_rows_train_resume_after_a_cut_and_export(tmp_path):
+    train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
+    out = tmp_path / "study"
+    extra = {**SMOKE, "target": "tiny"}
+    cut = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
+                             deadline=__import__("time").time() + 0.5, extra=extra)
+    assert cut == {"base": "cut", "hardce": "cut"}
+    status = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
+                                extra=extra)
+    assert status == {"base": "done", "hardce": "done"}, (out / "base" / "train.log").read_text()[-2000:]
+    for row in ("base", "hardce"):
+        assert (out / row / "draft" / "config.json").is_file()
+        state = json.loads(sorted((out / row / "train").glob("ckpt-*/state.json"))[-1].read_text())
+        assert state["train_config"]["loss"] == ("hard" if row == "hardce" else "soft")
+    assert recipes.train_rows(["base"], str(train_file), str(val_file), out, extra=extra) == {"base": "done"}
+    with pytest.raises(Exception, match="recipe row 'nope'"):
+        recipes.train_rows(["nope"], str(train_file), str(val_file), out)
+
+
+def test_each_row_gets_its_own_server_and_ports(tmp_path):
+    entries = recipes.row_entries(["base", "fcnorm", "epochs10"], tmp_path, "/m", steps=6, concurrency=16, port=32000)
+    assert [e.label for e in entries] == ["baseline", "base", "fcnorm", "epochs10"]
+    assert entries[0].algorithm is None and all(e.algorithm == "EAGLE3" and e.steps == 6 for e in entries[1:])
+    for e, row in zip(entries[1:], ["base", "fcnorm", "epochs10"]):
+        assert f"--speculative-draft-model-path {tmp_path / row / 'draft'}" in e.command
+    ports = [e.command.split("--port ")[1].split()[0] for e in entries]
+    nccl = [e.command.split("--nccl-port ")[1].split()[0] for e in entries]
+    assert len(set(ports)) == len(set(nccl)) == 4 and not set(ports) & set(nccl)
+
+
+def test_table_splits_acceptance_by_prompt_set(tmp_path):
+    out = tmp_path
+    (out / "sglang" / "outputs").mkdir(parents=True)
+    entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=16, port=32000)
+    sets = {"held_out": [0, 2], "humaneval": [2, 3]}
+    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": sets,
+                                                          "entries": [e.__dict__ for e in entries]}))
+    append_jsonl(out / "sglang" / "outputs" / "base.jsonl", [
+        {"index": 0, "output_ids": [], "completion_tokens": 30, "spec_verify_ct": 10},
+        {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10},
+        {"index": 2, "output_ids": [], "completion_tokens": 12, "spec_verify_ct": 6}])
+    append_jsonl(out / "sglang" / "windows.jsonl", [{"label": "baseline", "tokens_per_s": 100.0},
+                                                    {"label": "base", "tokens_per_s": 150.0}])
+    df = recipes.write_report(out)
+    row = df.iloc[0].to_dict()
+    assert row["sglang_acceptance_held_out"] == pytest.approx(2.5) and row["sglang_acceptance_humaneval"] == 2.0
+    assert row["sglang_speedup"] == pytest.approx(1.5)
+    assert (out / "recipes.png").is_file() and (out / "table.csv").is_file()

@@ -1,0 +1,101 @@
+"""The TTT objective against its definition, slot by slot: which slots each unroll step scores and
+trains, and the loss it gives them (soft and hard labels), on the tiny target."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftlab.model.draft import Eagle3Draft, draft_config_for_target
+from draftlab.model.hidden import logits_from_last, target_states
+from draftlab.train_draft import TTTObjective, targets_at
+
+
+def _batch(tiny_target):
+    torch.manual_seed(0)
+    b, seq = 3, 24
+    ids = torch.randint(3, tiny_target.vocab_size, (b, seq))
+    valid = torch.ones(b, seq, dtype=torch.bool)
+    valid[1, 17:] = False  # right padding
+    valid[2, 9:] = False
+    loss_mask = valid.clone()
+    loss_mask[:2, :6] = False  # the prompt
+    loss_mask[2, :2] = False  # a short one: the first assistant slots exist only at early unroll steps
+    loss_mask[0, 12:14] = False  # a user turn inside the conversation
+    pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # token p+1 is an assistant token
+    return ids, valid, pred_mask
+
+
+def _draft(tiny_target, vd=512):
+    cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=vd, use_aux=True)
+    draft = Eagle3Draft(cfg, tiny_target.model.get_input_embeddings())
+    draft.set_vocab(torch.arange(0, 2 * vd, 2))  # every other id: many arg-maxes fall outside
+    return draft
+
+
+def _by_definition(draft, target, ids, valid, pred_mask, steps, decay, loss):
+    """sum_i decay^i * mean over trained slots of CE, with slot t of step i predicting after position t+1+i."""
+    aux, last, _ = target_states(target, ids, valid.long(), target.capture_layers)
+    full = logits_from_last(target, last)  # [B,L,V]
+    dids = draft.draft_ids()
+    length = ids.shape[1] - 1
+    hidden = draft.project(aux[:, :length])
+    pos = torch.arange(length)[None].expand(ids.shape[0], -1)
+    total, counts = 0.0, []
+    for i, hid in draft.ttt_forward(ids[:, 1:], hidden, pos, valid[:, 1:], steps):
+        ces, scored, trained = [], 0, 0
+        for b in range(ids.shape[0]):
+            for t in range(length):
+                p = t + 1 + i
+                if p >= ids.shape[1] or not pred_mask[b, p]:
+                    continue
+                scored += 1
+                top = int(full[b, p].argmax())
+                if not draft.t2d[top]:
+                    continue
+                trained += 1
+                logp = torch.log_softmax(draft.head(hid[b, t]).float(), -1)
+                if loss == "soft":
+                    ces.append(-(torch.softmax(full[b, p, dids].float(), -1) * logp).sum())
+                else:
+                    ces.append(-logp[int((dids == top).nonzero())])
+        total = total + decay ** i * torch.stack(ces).mean()
+        counts.append((scored, trained))
+    return total, counts
+
+
+@pytest.mark.parametrize("loss", ["soft", "hard"])
+def test_objective_equals_its_definition(tiny_target, loss):
+    ids, valid, pred_mask = _batch(tiny_target)
+    draft = _draft(tiny_target)
+    steps, decay = 4, 0.8
+    want, counts = _by_definition(draft, tiny_target, ids, valid, pred_mask, steps, decay, loss)
+    want_grad = torch.autograd.grad(want, draft.fc.weight)[0]
+
+    aux, last, _ = target_states(tiny_target, ids, valid.long(), tiny_target.capture_layers)
+    targets = targets_at(tiny_target, last, pred_mask, draft.draft_ids(), draft.t2d)
+    got, stats = TTTObjective(draft, steps, decay, loss)(aux, ids, valid, targets)
+    got_grad = torch.autograd.grad(got, draft.fc.weight)[0]
+
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    assert torch.allclose(got_grad, want_grad, rtol=1e-4, atol=1e-7)
+    assert [(int(s[3]), int(s[1])) for s in stats] == counts  # scored and trained slots per step
+    assert counts[0][0] > counts[-1][0] > 0 and all(tr < sc for sc, tr in counts)  # masks really select
+
+
+def test_a_precomputed_argmax_gives_the_same_targets(tiny_target):
+    ids, valid, pred_mask = _batch(tiny_target)
+    draft = _draft(tiny_target)
+    _, last, _ = target_states(tiny_target, ids, valid.long(), tiny_target.capture_layers)
+    a = targets_at(tiny_target, last, pred_mask, draft.draft_ids(), draft.t2d)
+    top = logits_from_last(tiny_target, last).argmax(-1)
+    b = targets_at(tiny_target, last, pred_mask, draft.draft_ids(), draft.t2d, top=top, chunk=5)
+    assert torch.equal(a.rows, b.rows) and torch.equal(a.top, b.top) and torch.equal(a.draft_top, b.draft_top)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5)
+    assert len(a.rows) == int(pred_mask.sum())
+    inside = a.draft_top >= 0
+    assert torch.equal(draft.draft_ids()[a.draft_top[inside]], a.top[inside])
+
+
+def test_unknown_loss_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="loss = 'kl'"):
+        TTTObjective(_draft(tiny_target), 2, 0.8, "kl")
