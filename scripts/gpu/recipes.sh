@@ -5,6 +5,7 @@
 #   train    set-up; once per machine the training-speed check (SPEED_STEPS steps of the reference recipe:
 #            the objective of OLDLIB, carried, beside this tree's, with and without recomputing the head);
 #            then `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline (exit 3: call again)
+#   speed    set-up, benchmarks/tokenize_profile.py on 300 rows, the speed check on SPEED_SAMPLES rows
 #   measure  SGLang from the bundle, then `draftlab recipes measure` of every trained row (and `base`, the
 #            published draft) on the held-out split and HumanEval; the report
 # Results: $OUT/recipes.tar.gz (no weights) every call; $OUT/log.
@@ -33,16 +34,17 @@ data() {  # the reference run's regenerated set and held-out split, and its publ
 }
 
 speed() {  # SPEED_STEPS steps of the reference recipe by each objective, one after the other: tok/s
-  [ -s "$OUT/speed.json" ] || [ -s "$STUDY/speed.json" ] && return 0
-  local n=${SPEED_STEPS:-50} v lib extra
-  for v in new old new_keep_head; do  # the first tokenises into $STUDY/speed/tokens, the others read it
+  grep -q tok_s "$STUDY/speed.json" 2>/dev/null && return 0  # once per machine
+  local n=${SPEED_STEPS:-30} v lib extra
+  mkdir -p "$STUDY/speed"
+  for v in ${SPEED_VARIANTS:-new old}; do  # the first tokenises into $STUDY/speed/tokens, the others read it
     lib=$REPO/lib; extra=()
     [ "$v" = old ] && lib=$REPO/.device/oldlib/lib
     [ "$v" = new_keep_head ] && extra=(--recompute-head false)
     rm -rf "$STUDY/speed/$v"
     PYTHONPATH=$lib:$SITE timeout 240 python3 -m draftlab.cli train --train-file "$DATA/train.jsonl" --target embedded \
-      --device cuda --epochs 5 --draft-vocab-size 16000 --lr 5e-4 --batch-tokens 16384 --max-batch 64 \
-      --stop-after "$n" --log-every 10 --save-every 100000 --out-dir "$STUDY/speed/$v" "${extra[@]}" \
+      --val-file "$DATA/val.jsonl" --max-val-samples 256 --device cuda --epochs 5 --draft-vocab-size 16000 --lr 5e-4 --batch-tokens 16384 --max-batch 64 \
+      --stop-after "$n" --max-train-samples "${SPEED_SAMPLES:-0}" --log-every 10 --save-every 100000 --out-dir "$STUDY/speed/$v" "${extra[@]}" \
       > "$STUDY/speed/$v.log" 2>&1
     say "speed $v: exit $? $(tail -c 300 "$STUDY/speed/$v.log" | tr '\r' '\n' | grep -v '^$' | tail -1)"
   done
@@ -71,11 +73,19 @@ pack() {
 
 case $PHASE in
   stash) ;;
+  speed)  # the tokeniser's profile on this machine and the speed check alone (SPEED_SAMPLES rows)
+    ensure_all && data || exit 1
+    timeout 120 python3 benchmarks/tokenize_profile.py "$MODEL_DIR" "$DATA/train.jsonl" 300 2>&1 | grep -v "conv/s\]" \
+      | tee "$OUT/tokenize_profile.txt" | head -40
+    timeout 120 python3 benchmarks/tokenize_profile.py "$MODEL_DIR" "$DATA/train.jsonl" 300 embedded cuda 2>&1 \
+      | grep -v "conv/s\]" | tee "$OUT/tokenize_profile_after_target.txt" | head -30
+    speed; pack ;;
   train)
     ensure_all && data || exit 1
     speed
+    mkdir -p "$STUDY/speed/tokens"  # a link to a missing folder fails train's mkdir ("File exists", 2026-12-01)
     for r in ${ROWS//,/ }; do  # one tokenised cache for every row (train reads OUT_DIR/../tokens)
-      mkdir -p "$STUDY/$r"; [ -e "$STUDY/$r/tokens" ] || ln -s "$STUDY/speed/tokens" "$STUDY/$r/tokens"
+      mkdir -p "$STUDY/$r"; [ -e "$STUDY/$r/tokens" ] || ln -sfn "$STUDY/speed/tokens" "$STUDY/$r/tokens"
     done
     python3 -m draftlab.cli recipes train --rows "$ROWS" --train-file "$DATA/train.jsonl" --val-file "$DATA/val.jsonl" \
       --out "$STUDY" --parallel "$PARALLEL" --budget-s $(( $(left) - 15 )) --set device cuda --set save_every 100 \

@@ -12,6 +12,7 @@ prompt ids (draftlab.benchmark_acceptance.sglang_live); `table` joins both into 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -76,11 +77,16 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
     status = {r: "done" for r in rows if r not in todo}
     deadline = deadline or float("inf")
 
+    # each child's CPU threads: a share of the cores (16 threads each in 4 children tokenised 21.6K rows
+    # at ~56 conv/s each on the H200 machine, 2026-12-01)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                                                        // max(1, parallel))))}
+
     def one(row: str) -> str:
         (out / row).mkdir(parents=True, exist_ok=True)
         with open(out / row / "train.log", "a") as log:
             rc = run_until(train_command(row, train_file, val_file, out, target, extra or {}), deadline,
-                           stdout=log, stderr=log)
+                           stdout=log, stderr=log, env=env)
         return "cut" if rc is None else "done" if rc == 0 and trained(out, row) else f"failed (exit {rc})"
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
