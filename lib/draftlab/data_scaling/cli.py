@@ -19,7 +19,7 @@ from draftlab.sglang.install import server_env
 
 
 def add_recipes_parser(subparsers) -> None:
-    p = subparsers.add_parser("recipes", help="the recipe study: train one draft per recipe row, measure all in SGLang")
+    p = subparsers.add_parser("recipes", help="the recipe study: one draft per recipe row, all measured in SGLang")
     sub = p.add_subparsers(dest="step", required=True)
     rows_help = f"comma-separated rows of {', '.join(ROWS)}"
 
