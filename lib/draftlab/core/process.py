@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import io
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -147,25 +149,42 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
     return kids
 
 
-def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None,
+def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None, on_line=None,
               **popen_kwargs) -> int | None:
     """Run `argv` (start_owned) until it exits or time.time() reaches `deadline`; then stop it and
-    its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so)."""
+    its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so).
+    `on_line(line)` gets each line of its stdout and stderr as it comes (e.g. to leave progress bars out)."""
+    if on_line is not None:
+        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = start_owned(argv, **popen_kwargs)
+    reader = None
+    if on_line is not None:
+        reader = threading.Thread(target=_read_lines, args=(proc.stdout, on_line), daemon=True)
+        reader.start()
     try:
         while True:
             try:
-                return proc.wait(timeout=max(0.05, min(poll, deadline - time.time())))
+                rc = proc.wait(timeout=max(0.05, min(poll, deadline - time.time())))
+                break
             except subprocess.TimeoutExpired:
                 if time.time() >= deadline:
+                    rc = None
                     break
-        if on_deadline is not None:
-            on_deadline(proc, descendants(proc.pid))
-        stop_tree(proc, grace)
-        return None
+        if rc is None:
+            if on_deadline is not None:
+                on_deadline(proc, descendants(proc.pid))
+            stop_tree(proc, grace)
+        if reader is not None:
+            reader.join(timeout=grace)  # a descendant left holding the pipe does not hold us
+        return rc
     except BaseException:  # interrupted: leave nothing behind
         stop_tree(proc, grace=1.0)
         raise
+
+
+def _read_lines(stream, on_line) -> None:
+    for line in io.TextIOWrapper(stream, errors="replace"):
+        on_line(line.rstrip("\n"))
 
 
 class ServerProcess:

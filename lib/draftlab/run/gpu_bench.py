@@ -17,8 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from draftlab.core.process import run_until
-from draftlab.run.gpu_call import Call
+from draftlab.run.gpu_call import Call, until
 from draftlab.run.gpu_steps import merge_json, offline_summary, stage_done
 
 PROGRESS_WORDS = ("it/s", "step/s", "conv/s")  # progress lines left out of the log
@@ -30,8 +29,7 @@ def _knob(name: str, default: str) -> str:
 
 def bounded(argv: list[str], seconds: float, **popen_kwargs) -> int:
     """argv stopped after `seconds` with its descendants: its exit code, 124 when stopped."""
-    rc = run_until(argv, time.time() + seconds, **popen_kwargs)
-    return 124 if rc is None else rc
+    return until(argv, time.time() + seconds, **popen_kwargs)
 
 
 def bench_done(call: Call, name: str) -> bool:
