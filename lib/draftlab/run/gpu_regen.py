@@ -41,10 +41,11 @@ def _env(name: str, default) -> str:
 
 
 # ---- servers -------------------------------------------------------------------------------------
-def target_server(call: Call, log: Path, *, python: str | None = None) -> SGLangServer:
+def target_server(call: Call, log: Path, *, python: str | None = None, port: int = 30000) -> SGLangServer:
     """The one regeneration server of sglang.sh and regen_feed.sh: REGEN_MAX_RUNNING (1,024) running
     requests, past its CUDA graphs of REGEN_GRAPH_BS (512) (LOG.md: 15.4K tok/s there, 28.7K at 512)."""
-    command = regeneration_command(str(call.model_dir), max_running_requests=int(_env("REGEN_MAX_RUNNING", 1024)),
+    command = regeneration_command(str(call.model_dir), port=port,
+                                   max_running_requests=int(_env("REGEN_MAX_RUNNING", 1024)),
                                    cuda_graph_max_bs=int(_env("REGEN_GRAPH_BS", 512)))
     return SGLangServer(command, log, python=python, env=server_env(call.sglang_prefix), startup_timeout=STARTUP_S)
 
@@ -158,7 +159,7 @@ def side_by_side(call: Call, which: str, url: str | None = None) -> dict:
 
 # ---- regen_feed.sh: is the client the limit of one server? ------------------------------------------
 def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: Path | None = None,
-               python: str | None = None) -> int:
+               python: str | None = None, port: int = 30000) -> int:
     """The same N rows through one server by one client at C, by two clients at C/2 on halves at once,
     then by the batch backend (server stopped): OUT/regen_feed.json after each part."""
     d = call.dl / "feed"
@@ -177,7 +178,7 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
         (call.out / "regen_feed.json").write_text(json.dumps(res, indent=1))
         print(json.dumps({k: v.get("wall_s") for k, v in res.items() if isinstance(v, dict)}), flush=True)
 
-    server = target_server(call, d / "server.log", python=python)
+    server = target_server(call, d / "server.log", python=python, port=port)
     if not started(call, server):
         return 1
     try:
@@ -208,7 +209,8 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
 
 # ---- regen_servers.sh: does regeneration scale with servers on one GPU? ----------------------------
 def regen_servers(call: Call, *, k: int = 4, n: int = 4096, concurrency: int = 512, mem: float = 0.5,
-                  full: bool = True, rows_xz: Path | None = None, python: str | None = None) -> int:
+                  full: bool = True, rows_xz: Path | None = None, python: str | None = None,
+                  port: int = 30000) -> int:
     """K servers (sglang.server.regeneration_commands: graph-sized, a fixed KV pool, own ports) up
     together for every run: the first N rows through 1, 2, 4 .. K of them by one client over their
     URLs, then the whole train split through all K (full, with 200 s left). OUT/regen_servers.json
@@ -220,8 +222,8 @@ def regen_servers(call: Call, *, k: int = 4, n: int = 4096, concurrency: int = 5
     first_rows(d / "train.jsonl", d / "rows.jsonl", n)
     res = {"concurrency_per_server": concurrency, "mem_fraction_static": mem, "max_running_requests": REGEN_RUNNING,
            "cuda_graph_max_bs": REGEN_RUNNING, "runs": {}}
-    servers = TargetServers(str(call.model_dir), k, d, prefix=str(call.sglang_prefix), startup_timeout=STARTUP_S,
-                            python=python, mem_fraction_static=mem)
+    servers = TargetServers(str(call.model_dir), k, d, prefix=str(call.sglang_prefix), port=port,
+                            startup_timeout=STARTUP_S, python=python, mem_fraction_static=mem)
     if not started(call, servers):
         return 1
     try:
