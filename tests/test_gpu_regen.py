@@ -20,6 +20,7 @@ from draftlab.core.serve import free_port
 from draftlab.run import gpu_regen
 from draftlab.run.gpu_call import Call
 from draftlab.sglang.install import DONE_MARKER
+from helpers_regen.fake_openai import FakeOpenAIProcess
 
 pytestmark = pytest.mark.server
 
@@ -121,3 +122,14 @@ def test_regen_feed_one_client_then_two_on_halves(call, rows_xz, tmp_path, monke
     assert res["two"]["two_1"]["rows_done"] == 3 and res["two"]["two_2"]["rows_done"] == 3
     assert "batch" in res  # the batch backend's run (it fails without CUDA: an empty summary)
     assert (call.out / "feed-server.log.xz").is_file() and (call.out / "running.txt").is_file()
+
+
+def test_side_by_side_through_the_server_records_its_rows_and_wall(call, rows_xz):
+    """sglang.sh's regen phase: the first n train rows through the server 03 used."""
+    (call.run / "data/blend").mkdir(parents=True)
+    gpu_regen.unpack_rows(rows_xz, call.run / "data/blend/train.jsonl")
+    with FakeOpenAIProcess(delay=0.01) as srv:
+        res = gpu_regen.side_by_side(call, "sglang", 5, srv.base_url, concurrency=4)
+    assert res["rows"] == 5 and res["sglang"]["summary"]["rows_done"] == 5 and res["sglang"]["wall_s"] > 0
+    assert json.loads((call.run / "bench/regen_side_by_side.json").read_text()) == res
+    assert (call.dl / "side/rows.jsonl").read_text().count("\n") == 5 and "batch" not in res

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 __all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry", "start_owned", "descendants",
-           "stop_tree", "run_until"]
+           "stop_tree", "run_until", "alive"]
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
@@ -50,7 +50,8 @@ def default_registry() -> Path:
     return Path(os.environ.get("DRAFTLAB_SERVER_REGISTRY", Path.home() / ".cache" / "draftlab" / "servers"))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited and not yet reaped, counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,17 +86,17 @@ def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0
             path.unlink(missing_ok=True)
             continue
         parent = rec.get("parent")
-        if isinstance(parent, int) and _alive(parent):
+        if isinstance(parent, int) and alive(parent):
             continue  # a live run's server (this process's own included)
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             same = [c.decode(errors="replace") for c in cmdline if c] == rec["argv"]
         except OSError:
             same = False
-        if same and _alive(pid):
+        if same and alive(pid):
             _kill_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             _kill_group(pid, signal.SIGKILL)
             stopped.append(rec)
@@ -140,7 +141,7 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
                 pass
         if sig == signal.SIGTERM:
             end = time.monotonic() + grace
-            while time.monotonic() < end and (proc.poll() is None or any(_alive(k) for k in kids)):
+            while time.monotonic() < end and (proc.poll() is None or any(alive(k) for k in kids)):
                 time.sleep(0.1)
     try:
         proc.wait(timeout=5.0)

@@ -17,6 +17,7 @@ converted target, and, after a cold start, the state that earlier calls sent bac
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import shutil
 import subprocess
@@ -140,6 +141,12 @@ def until(argv, deadline: float, *, quiet: bool = False, **popen_kwargs) -> int:
 
     rc = run_until([str(a) for a in argv], deadline, on_line=show if quiet else None, **popen_kwargs)
     return CUT if rc is None else rc
+
+
+def unxz(src: Path, dst: Path) -> None:
+    """A file carried or tracked .xz-compressed, unpacked."""
+    with lzma.open(src) as f, open(dst, "wb") as out:
+        shutil.copyfileobj(f, out)
 
 
 # ---- set-up --------------------------------------------------------------------------------------

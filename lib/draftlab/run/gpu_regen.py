@@ -127,11 +127,11 @@ def read_summary(path: Path):
 
 
 # ---- sglang.sh's regen phase: the same rows through SGLang, then through the batch backend ---------
-def side_by_side(call: Call, which: str, url: str | None = None) -> dict:
-    """The first REGEN_SIDE (4,096) train rows through the SGLang server at `url` (which="sglang";
-    its cache flushed: 03 just sent the same prompts) or the batch backend (server gone):
+def side_by_side(call: Call, which: str, n: int, url: str | None = None, concurrency: int = 1024) -> dict:
+    """The first n train rows through the SGLang server at `url` (which="sglang", `concurrency` in
+    flight; its cache flushed: 03 just sent the same prompts) or the batch backend (server gone):
     RUN/bench/regen_side_by_side.json, with whichever of the two has run."""
-    n, d = int(_env("REGEN_SIDE", 4096)), call.dl / "side"
+    d = call.dl / "side"
     d.mkdir(parents=True, exist_ok=True)
     (call.run / "bench").mkdir(parents=True, exist_ok=True)
     first_rows(call.run / "data/blend/train.jsonl", d / "rows.jsonl", n)
@@ -139,7 +139,7 @@ def side_by_side(call: Call, which: str, url: str | None = None) -> dict:
     sampling = ("--max-tokens", _env("MAX_TOKENS", 256), *SAMPLING)
     if which == "sglang":
         flush(url)
-        args = over([url], call.model_dir, int(_env("REGEN_CONCURRENCY", 1024)))
+        args = over([url], call.model_dir, concurrency)
     else:
         args = list(BATCH)
     (d / f"{which}.s").unlink(missing_ok=True)

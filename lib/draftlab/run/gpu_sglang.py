@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+from draftlab.core.process import alive
 from draftlab.run import gpu_call, gpu_pack, gpu_regen, gpu_stages
-from draftlab.run.gpu_call import Call, until
+from draftlab.run.gpu_call import Call, until, unxz
 from draftlab.run.gpu_steps import stage_done
 from draftlab.sglang.install import server_env
 
@@ -104,11 +105,6 @@ def install_sglang(call: Call) -> bool:
     return True
 
 
-def unxz(src: Path, dst: Path) -> None:
-    with lzma.open(src) as f, open(dst, "wb") as out:
-        shutil.copyfileobj(f, out)
-
-
 def publish_run(call: Call, knobs: Knobs) -> bool:
     """PHASE=notebooks/oracle: the published run (its splits unpacked) and its draft as RUN, once while warm."""
     if (call.run / ".published").is_file():
@@ -150,10 +146,8 @@ def measurement_only(call: Call, knobs: Knobs) -> bool:
 # ---- 04 in the background ----------------------------------------------------------------------------
 def _running(pid_file: Path) -> bool:
     try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, ValueError, IndexError):
+        return alive(int(pid_file.read_text()))
+    except (OSError, ValueError):
         return False
 
 
@@ -310,13 +304,13 @@ def regen(call: Call, knobs: Knobs) -> int:
                                 str(knobs.regen_concurrency), "-p", "REQUEST_TIMEOUT", "600.0"]
         rc, _ = gpu_stages.run_pending(call)
         if rc == 0 and knobs.regen_side > 0:
-            gpu_regen.side_by_side(call, "sglang", server.base_url)
+            gpu_regen.side_by_side(call, "sglang", knobs.regen_side, server.base_url, knobs.regen_concurrency)
     finally:
         server.stop()
     if rc != 0:
         return rc
     if knobs.regen_side > 0:
-        gpu_regen.side_by_side(call, "batch")
+        gpu_regen.side_by_side(call, "batch", knobs.regen_side)
     return train_in_background(call)
 
 
