@@ -42,8 +42,8 @@ def _env(name: str, default) -> str:
 
 # ---- servers -------------------------------------------------------------------------------------
 def target_server(call: Call, log: Path, *, python: str | None = None, port: int = 30000) -> SGLangServer:
-    """The one regeneration server of sglang.sh and regen_feed.sh: REGEN_MAX_RUNNING (1,024) running
-    requests, past its CUDA graphs of REGEN_GRAPH_BS (512) (LOG.md: 15.4K tok/s there, 28.7K at 512)."""
+    """The one regeneration server of sglang.sh and regen_feed.sh, as they measured it (LOG.md):
+    REGEN_MAX_RUNNING (1,024) running requests, past its CUDA graphs of REGEN_GRAPH_BS (512)."""
     command = regeneration_command(str(call.model_dir), port=port,
                                    max_running_requests=int(_env("REGEN_MAX_RUNNING", 1024)),
                                    cuda_graph_max_bs=int(_env("REGEN_GRAPH_BS", 512)))
