@@ -6,7 +6,7 @@
 #   setup | stash (a transfer call) | regen | after | notebooks | oracle
 # What each phase does, and their knobs (DRAFT, SAMPLES, STUDY_ARGS, STUDY_MIN_S, EVAL_XZ, ORACLE_FROM,
 # ORACLE_CHAIN, PUBLISHED, STAGES_NOTEBOOKS, REGEN_SIDE, REGEN_CONCURRENCY, P<NN>, BUDGET_S): the docstring
-# of draftlab.run.gpu_sglang. Exit 0: done; 3: call again with the same PHASE; 1: failed.
+# of draftlab.run.gpu_sglang. Exit 0: done; 3: call again with the same PHASE (regen: 2, as before); 1: failed.
 #   e.g. DRAFT=/tmp/cargo/root/.device/drafts/eagle3 PHASE=after bash scripts/gpu/sglang.sh
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
