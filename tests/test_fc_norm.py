@@ -368,3 +368,45 @@ def test_the_doctor_passes_names_sglang_loads_and_flags_those_it_skips(tmp_path)
     bad = findings("draft_model", "draft_model.", ("midlayer.",))
     assert [f.severity for f in bad if f.check == "unknown_tensors"] == ["error"]
     assert "draft_model.midlayer" in bad[0].what and any(f.check == "missing_tensors" for f in bad)
+
+
+def test_load_draft_takes_every_spelling_sglang_loads_and_refuses_those_it_skips(tmp_path, tiny_target):
+    """One rule (model.contract.sglang_loads_as) for SGLang's loader, the doctor and load_draft:
+    `layers.0.*`, `model.*` and `model.fc_norm.*` load; `draft_model.*` is refused as SGLang skips it."""
+    torch.manual_seed(0)
+    cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=256, fc_norm="per_layer")
+    draft = scramble_norms(Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval())
+    out = export_draft(draft, tmp_path / "d", dtype="float32",
+                       max_position_embeddings=tiny_target.max_position_embeddings)
+
+    def spelled(name):
+        if name.startswith("midlayer."):
+            return "layers.0." + name[len("midlayer."):]
+        return "model." + name if name.startswith(("fc.", "norm.", "fc_norm.")) else name
+
+    edit_tensors(out, lambda t: [t.__setitem__(spelled(k), t.pop(k)) for k in list(t) if spelled(k) != k])
+    back = load_draft(out, tiny_target)
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    assert diagnose(str(out), "tiny")["errors"] == 0
+    edit_tensors(out, lambda t: t.__setitem__("draft_model.fc.weight", t.pop("model.fc.weight")))
+    with pytest.raises(ValueError, match=r"missing tensors \['fc.weight'\], unexpected tensors \['draft_model"):
+        load_draft(out, tiny_target)
+
+
+@pytest.mark.parametrize("spelling", ["model.fc_norm.{i}.weight", "model.aux_norm_{level}.weight",
+                                      "aux_norm_{level}.weight"])
+def test_doctor_judges_every_norm_spelling_sglang_loads(tmp_path, spelling):
+    levels = ("low", "mid", "high")
+    names = [spelling.format(i=i, level=levels[i]) for i in range(3)]
+    keyed = good_draft(tmp_path / "keyed", "tiny", draft_vocab_size=256)
+    edit_config(keyed, lambda c: c.update(fc_norm=True))
+    edit_tensors(keyed, lambda t: t.update({n: torch.ones(64) for n in names}))
+    assert [s for s, _, _ in fc_norm_findings(keyed)] == ["ok"]
+    unkeyed = good_draft(tmp_path / "unkeyed", "tiny", draft_vocab_size=256)
+    edit_tensors(unkeyed, lambda t: t.update({n: torch.ones(64) for n in names}))
+    found = fc_norm_findings(unkeyed)
+    assert [s for s, _, _ in found] == ["error"] and "but config.json does not set fc_norm" in found[0][1]
+    concat = good_draft(tmp_path / "concat", "tiny", draft_vocab_size=256)
+    edit_tensors(concat, lambda t: t.update({"model.input_norm.weight": torch.ones(192)}))
+    assert "has input_norm.weight but config.json does not set norm_before_fc" in fc_norm_findings(concat)[0][1]

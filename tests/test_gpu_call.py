@@ -253,19 +253,19 @@ def bash(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
 
 
 LEAD_FUNCTIONS = ("say left ensure_all ensure_wheels ensure_target run_pending run_stage stage_done save_state "
-                  "save_draft pack_reference serve_target target_command flush_server report")
+                  "save_draft pack_reference report gpu_step")
 
 
 def test_common_sh_functions_as_the_lead_scripts_call_them(tmp_path):
     """sglang.sh's `STAGES=(03); P03="..." run_pending`, run_stage's 124 at the deadline, the variables."""
     out = bash(f'source scripts/gpu/common.sh; for f in {LEAD_FUNCTIONS}; do [ "$(type -t $f)" = function ] '
-               '|| echo "missing $f"; done; echo "vars $MODEL_DIR $PREFIX $RUN $RESULTS $DL"; '
+               '|| echo "missing $f"; done; echo "vars $RUN $RESULTS $DL"; '
                'STAGES=(03); P03="-p BACKEND server -p BASE_URLS [\\"http://h:1\\"]" run_pending; echo "pending=$?"; '
                'stage_done 03 && echo done03; report', tmp_path)
     log = out.stdout + out.stderr
     assert "missing" not in log and "pending=0" in log and "done03" in log and "stages done: 03" in log, log
     run = tmp_path / "dl/results/reference"
-    assert f"vars {tmp_path}/dl/cache/embedded-SmolLM2-135M-Instruct {tmp_path}/dl/sglang {run}" in log
+    assert f"vars {run} {run.parent} {tmp_path}/dl" in log
     assert (tmp_path / "out/log").read_text().count("stage 03: exit 0") == 1
     out = bash('source scripts/gpu/common.sh; FAKE_PLAN=\'{"06": "sleep"}\' run_stage 06 -p SAMPLES 8; '
                'echo "stage=$?"; STAGES=(06); run_pending; echo "again=$? skipped=[$SKIPPED]"', tmp_path, BUDGET_S="4")

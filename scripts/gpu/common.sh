@@ -3,7 +3,8 @@
 # between calls); what a cold machine needs again comes from carried folders (.device/a, .device/b,
 # .whl, .device/state).  Every step logs to $OUT/log.
 # The step logic (set-up, stages until the deadline, resume and cut rules, benchmarks, state and
-# packing) is Python: draftlab.run.gpu_step and the modules it names; the functions below call it
+# packing, sglang.sh's phases, the regeneration servers) is Python: draftlab.run.gpu_step and the
+# modules it names (gpu_call, gpu_stages, gpu_bench, gpu_pack, gpu_sglang, gpu_regen); the functions below call it
 # with this call's deadline (GPU_CALL_T0, GPU_CALL_DEADLINE), so `left` here and there agree.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -78,32 +79,3 @@ save_state() { gpu_step save-state; }  # the run for a cold start, no weights: $
 save_draft() { gpu_step save-draft "${1:-eagle3}"; }  # the exported draft: $OUT/draft-ARCH.tar.part-N
 pack_reference() { gpu_step pack-reference; }  # results/reference for the commit: $OUT/reference.tar.gz
 report() { gpu_step report --stages "${STAGES[*]}"; }
-
-# ---- the SGLang target server (sglang.sh, regen_feed.sh) ----
-MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct  # the embedded target, converted by ensure_target
-PREFIX=${PREFIX:-$DL/sglang}                             # SGLang, installed from the offline bundle
-
-target_command() {  # the regeneration server: wide batches, graphs up to 512 requests
-  python3 -c "
-from draftlab.core.serve import sglang_target_command
-print(sglang_target_command('$MODEL_DIR', port=30000, mem_fraction_static=0.5, max_running_requests=${REGEN_MAX_RUNNING:-1024},
-      extra=('--attention-backend', 'triton', '--sampling-backend', 'pytorch', '--grammar-backend', 'none',
-             '--cuda-graph-max-bs', '${REGEN_GRAPH_BS:-512}')))"
-}
-
-serve_target() {  # serve_target LOG READY: the target server in the background ($SERVER_PID); returns once
-  local log=$1 ready=$2  # it is healthy, with its URL in READY
-  rm -f "$ready"
-  python3 -m draftlab.sglang.server --launch "$(target_command)" --log "$log" --prefix "$PREFIX" \
-    --ready-file "$ready" --startup-timeout 300 &
-  SERVER_PID=$!
-  while [ ! -s "$ready" ]; do
-    kill -0 $SERVER_PID 2>/dev/null || { say "FAILED: the SGLang server did not start"; tail -30 "$log"; return 1; }
-    sleep 2
-  done
-  say "SGLang target server ready: $(cat "$ready")"
-}
-
-flush_server() {  # flush_server URL: an empty prefix cache before a measured run
-  python3 -c "import httpx; print('flush_cache', httpx.post('$1/flush_cache', timeout=60).status_code)"
-}

@@ -15,6 +15,8 @@ PHASE=${PHASE:-stash}
 ROWS=${ROWS:-epochs10,fcnorm,vocab32k,eagle1}
 PARALLEL=${PARALLEL:-4}
 STUDY=$DL/recipes
+MODEL_DIR=$DRAFTLAB_CACHE/embedded-SmolLM2-135M-Instruct  # the embedded target, converted by ensure_all
+PREFIX=${PREFIX:-$DL/sglang}                             # SGLang, installed from the offline bundle
 DATA=$STUDY/data
 mkdir -p "$DATA"
 bash scripts/gpu/cargo.sh receive || exit 1

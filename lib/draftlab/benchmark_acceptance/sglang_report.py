@@ -2,6 +2,10 @@
 oracle runs and notebook 03 wrote, each with its source; a figure not measured stays None.
 `write_summary` puts them in RUN/sglang/summary.json, which run.summary merges.
 
+    python -m draftlab.benchmark_acceptance.sglang_report gaps RUN SAMPLES OUT
+        every setting's engine-vs-SGLang gap (oracle_gaps) into OUT, one line each on stdout
+        (scripts/gpu/sglang.sh PHASE=oracle, through draftlab.run.gpu_sglang)
+
 Layout of RUN/sglang/: `study/` (draftlab.sglang.live), `oracle_*.json` (`draftlab bench specdec`
 rows on the same prompt ids), `version.txt` (the installed SGLang).
 """
@@ -9,6 +13,7 @@ rows on the same prompt ids), `version.txt` (the installed SGLang).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from draftlab.benchmark_acceptance.sglang_live import summarize
@@ -137,3 +142,26 @@ def write_summary(run: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"values": values, "sources": sources, "goals": GOALS}, indent=1))
     return path
+
+
+def write_gaps(run: str | Path, samples: int, out: str | Path) -> list[dict]:
+    """oracle_gaps(run) into `out` with the number of prompts, each setting printed on one line."""
+    gaps = oracle_gaps(run)
+    note = "the engine, then SGLang, on the same prompt ids: acceptance per setting"
+    Path(out).write_text(json.dumps({"samples": int(samples), "note": note, "gaps": gaps}, indent=1))
+    for g in gaps:
+        print(g["setting"], "engine", round(g["engine"], 4), "sglang", round(g["sglang"], 4),
+              f"gap {100 * g['gap']:+.2f}%")
+    return gaps
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] == "gaps":
+        write_gaps(argv[1], int(argv[2]), argv[3])
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

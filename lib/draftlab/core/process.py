@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import io
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -27,7 +29,7 @@ from pathlib import Path
 import httpx
 
 __all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry", "start_owned", "descendants",
-           "stop_tree", "run_until"]
+           "stop_tree", "run_until", "alive"]
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
@@ -48,7 +50,8 @@ def default_registry() -> Path:
     return Path(os.environ.get("DRAFTLAB_SERVER_REGISTRY", Path.home() / ".cache" / "draftlab" / "servers"))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited and not yet reaped, counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,17 +86,17 @@ def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0
             path.unlink(missing_ok=True)
             continue
         parent = rec.get("parent")
-        if isinstance(parent, int) and _alive(parent):
+        if isinstance(parent, int) and alive(parent):
             continue  # a live run's server (this process's own included)
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             same = [c.decode(errors="replace") for c in cmdline if c] == rec["argv"]
         except OSError:
             same = False
-        if same and _alive(pid):
+        if same and alive(pid):
             _kill_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             _kill_group(pid, signal.SIGKILL)
             stopped.append(rec)
@@ -138,7 +141,7 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
                 pass
         if sig == signal.SIGTERM:
             end = time.monotonic() + grace
-            while time.monotonic() < end and (proc.poll() is None or any(_alive(k) for k in kids)):
+            while time.monotonic() < end and (proc.poll() is None or any(alive(k) for k in kids)):
                 time.sleep(0.1)
     try:
         proc.wait(timeout=5.0)
@@ -147,25 +150,42 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
     return kids
 
 
-def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None,
+def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None, on_line=None,
               **popen_kwargs) -> int | None:
     """Run `argv` (start_owned) until it exits or time.time() reaches `deadline`; then stop it and
-    its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so)."""
+    its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so).
+    `on_line(line)` gets each line of its stdout and stderr as it comes (e.g. to leave progress bars out)."""
+    if on_line is not None:
+        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = start_owned(argv, **popen_kwargs)
+    reader = None
+    if on_line is not None:
+        reader = threading.Thread(target=_read_lines, args=(proc.stdout, on_line), daemon=True)
+        reader.start()
     try:
         while True:
             try:
-                return proc.wait(timeout=max(0.05, min(poll, deadline - time.time())))
+                rc = proc.wait(timeout=max(0.05, min(poll, deadline - time.time())))
+                break
             except subprocess.TimeoutExpired:
                 if time.time() >= deadline:
+                    rc = None
                     break
-        if on_deadline is not None:
-            on_deadline(proc, descendants(proc.pid))
-        stop_tree(proc, grace)
-        return None
+        if rc is None:
+            if on_deadline is not None:
+                on_deadline(proc, descendants(proc.pid))
+            stop_tree(proc, grace)
+        if reader is not None:
+            reader.join(timeout=grace)  # a descendant left holding the pipe does not hold us
+        return rc
     except BaseException:  # interrupted: leave nothing behind
         stop_tree(proc, grace=1.0)
         raise
+
+
+def _read_lines(stream, on_line) -> None:
+    for line in io.TextIOWrapper(stream, errors="replace"):
+        on_line(line.rstrip("\n"))
 
 
 class ServerProcess:

@@ -33,6 +33,8 @@ from draftlab.model.contract import (
     sglang_loads_as,
 )
 
+NORM_TENSORS = frozenset(n for names in FC_NORM_TENSORS.values() for n in names)  # every norm before fc
+
 # ---------------------------------------------------------------------------------------------
 # Checks: each returns a list of Findings (an "ok" Finding when it passed)
 # ---------------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ def check_fc_norm(d: DraftFiles) -> list:
     if not d.uses_aux:
         return []
     where, norms = str(d.config_path), fc_norms(d.config)
-    names = {LEGACY_FC_NORM_NAMES.get(n, n) for n in d.tensors}  # SGLang renames aux_norm_low|mid|high
+    names = {sglang_loads_as(n, NORM_TENSORS) for n in d.tensors}  # every spelling SGLang loads a norm under
     keys = {"concat": ("norm_before_fc", _config_fix("eagle_config", {**d.eagle_config, "norm_before_fc": True})),
             "per_layer": ("fc_norm", _config_fix("fc_norm", True))}
     out = []
@@ -294,7 +296,7 @@ def check_tensor_names(d: DraftFiles, t: TargetInfo) -> list:
                                                                               "listed in the contract",
                         str(d.config_path))]
     out = []
-    norms = {n for names in FC_NORM_TENSORS.values() for n in names}  # present or absent: check_fc_norm's
+    norms = NORM_TENSORS  # present or absent: check_fc_norm's
     known = set(expected) | norms
     loads_as = {n: sglang_loads_as(n, known) for n in d.tensors}  # the file's name -> the contract's (None: skipped)
     in_file = {c: n for n, c in loads_as.items() if c is not None}  # the contract's name -> the file's

@@ -39,7 +39,7 @@ from draftlab.model.capture import (
     is_deepseek,
     recorded_deepseek,
 )
-from draftlab.model.contract import FC_NORMS, LEGACY_FC_NORM_NAMES, fc_norm_keys, fc_norms
+from draftlab.model.contract import FC_NORMS, fc_norm_keys, fc_norms, sglang_loads_as
 from draftlab.model.target import text_config
 
 
@@ -409,15 +409,30 @@ def load_draft(folder, target) -> Eagle3Draft:
             f"does not fit target {target.name} (hidden_size={target.hidden_size}, vocab_size={target.vocab_size})"
         )
     draft = Eagle3Draft(config, target.model.get_input_embeddings())
-    state = {LEGACY_FC_NORM_NAMES.get(n, n): t for n, t in load_file(str(w_path)).items()}  # as SGLang renames
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{w_path}: missing tensors {missing}, unexpected tensors {unexpected}")
+    state, skipped = _sglang_state(load_file(str(w_path)), draft.state_dict().keys(), w_path)
+    missing, _ = draft.load_state_dict(state, strict=False)
+    if missing or skipped:
+        raise ValueError(f"{w_path}: missing tensors {missing}, unexpected tensors {skipped}")
     dtype = target.dtype if isinstance(target.dtype, torch.dtype) else getattr(torch, str(target.dtype))
     draft.to(device=target.device)
     for p in draft.parameters():
         p.data = p.data.to(dtype)
     return draft.eval()
+
+
+def _sglang_state(tensors: dict, contract_names, where) -> tuple[dict, list[str]]:
+    """The file's tensors under the contract names SGLang 0.5.17 loads them as (model.contract.sglang_loads_as:
+    one rule for the loader, the doctor and here), and the names it would skip."""
+    state, skipped = {}, []
+    for name, tensor in tensors.items():
+        contract = sglang_loads_as(name, contract_names)
+        if contract is None:
+            skipped.append(name)
+        elif contract in state:
+            raise ValueError(f"{where}: two tensors load as {contract} (one is {name})")
+        else:
+            state[contract] = tensor
+    return state, skipped
 
 
 def config_from_dict(raw: dict) -> LlamaConfig:

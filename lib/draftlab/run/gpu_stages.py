@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 from draftlab.core.process import run_until
-from draftlab.run.gpu_call import Call
+from draftlab.run.gpu_call import CUT, Call
 from draftlab.run.gpu_steps import add_seconds, stage_done
 
 RESUMABLE = ("03", "04", "07")
-CUT = 124  # a stage stopped at the deadline (as timeout(1) says it)
 DONE, FAILED, AGAIN = 0, 1, 2  # run_pending: every stage done | one failed | call again
 MIN_LEFT_S = 60  # no stage starts with less than this left
 

@@ -11,8 +11,12 @@ that scripts/gpu/common.sh's functions call.
     python3 -m draftlab.run.gpu_step save-state | save-draft [ARCH] | pack-reference | report
     python3 -m draftlab.run.gpu_step bench sweep|attention|static|offline|shapes
     python3 -m draftlab.run.gpu_step bench generate NAME CACHE SIZES
+    python3 -m draftlab.run.gpu_step sglang [PHASE]      sglang.sh's phases (draftlab.run.gpu_sglang; PHASE env)
+    python3 -m draftlab.run.gpu_step regen-servers [--k K --n N --concurrency C --mem F --full|--no-full]
+    python3 -m draftlab.run.gpu_step regen-feed [--n N --c C]       the regeneration measurements (gpu_regen)
 Knobs: the environment as draftlab.run.gpu_call reads it (OUT, DL, SITE, SCRATCH, PROFILE, BUDGET_S,
-STAGES, P<NN>); BENCHES=1 adds the benchmarks of issues 4 and 5; ATTN_CHECK=0 skips the cuDNN check.
+STAGES, P<NN>); BENCHES=1 adds the benchmarks of issues 4 and 5; ATTN_CHECK=0 skips the cuDNN check;
+regen-servers reads K, N, CONCURRENCY, MEM, FULL and regen-feed N, C as their scripts did.
 The options win over the environment.
 """
 
@@ -22,7 +26,7 @@ import argparse
 import os
 import sys
 
-from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_stages
+from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_regen, gpu_sglang, gpu_stages
 from draftlab.run.gpu_call import Call
 
 DONE, AGAIN, FAILED = 0, 3, 1  # step's exit codes
@@ -93,6 +97,19 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", parents=[common])
     s.add_argument("name", choices=[*gpu_bench.BENCHES, "generate"])
     s.add_argument("generate", nargs="*", metavar="NAME CACHE SIZES", help="for `bench generate`")
+    env = os.environ.get
+    s = sub.add_parser("sglang", parents=[common], help="a phase of scripts/gpu/sglang.sh")
+    s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
+    s = sub.add_parser("regen-servers", parents=[common], help="scripts/gpu/regen_servers.sh")
+    s.add_argument("--k", type=int, default=int(env("K") or 4), help="servers (default: K, else 4)")
+    s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
+    s.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY") or 512), help="per server")
+    s.add_argument("--mem", type=float, default=float(env("MEM") or 0.5), help="--mem-fraction-static")
+    s.add_argument("--full", action=argparse.BooleanOptionalAction, default=(env("FULL") or "1") == "1",
+                   help="then the whole train split through all K (default: FULL, else 1)")
+    s = sub.add_parser("regen-feed", parents=[common], help="scripts/gpu/regen_feed.sh")
+    s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
+    s.add_argument("--c", type=int, default=int(env("C") or 1024), help="in flight (default: C, else 1024)")
     return p
 
 
@@ -120,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.name == "generate":
             return gpu_bench.bench_generate(call, *args.generate) if len(args.generate) == 3 else 2
         return gpu_bench.BENCHES[args.name](call)
+    if args.command == "sglang":
+        return gpu_sglang.run_phase(call, args.phase)
+    if args.command == "regen-servers":
+        return gpu_regen.regen_servers(call, k=args.k, n=args.n, concurrency=args.concurrency, mem=args.mem,
+                                       full=args.full)
+    if args.command == "regen-feed":
+        return gpu_regen.regen_feed(call, n=args.n, concurrency=args.c)
     if args.command == "report":
         gpu_pack.report(call)
         return 0

@@ -19,7 +19,7 @@ from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
 from draftlab.core.serve import sglang_target_command
 from draftlab.sglang.install import server_env
 
-__all__ = ["SGLangServer", "TargetServers", "regeneration_commands", "sglang_argv"]
+__all__ = ["SGLangServer", "TargetServers", "regeneration_command", "regeneration_commands", "sglang_argv"]
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -83,6 +83,23 @@ REGEN_POOL_TOKENS = 600_000  # KV pool per server: fixed, so servers started tog
 REGEN_NCCL_OFFSET = 1000     # torch.distributed's port: its own per server (EADDRINUSE otherwise)
 
 
+REGEN_EXTRA = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none")
+
+
+def regeneration_command(model_path: str, *, port: int = 30000, mem_fraction_static: float = 0.5,
+                         max_running_requests: int = REGEN_RUNNING, cuda_graph_max_bs: int | None = None,
+                         max_total_tokens: int | None = None, nccl_port: int | None = None) -> str:
+    """The launch command of one regeneration server of the target: wide batches, CUDA graphs up to
+    `cuda_graph_max_bs` requests (default: `max_running_requests`, every decode batch graphed);
+    `max_total_tokens` fixes its KV pool and `nccl_port` its torch.distributed port (for servers that
+    share a GPU)."""
+    extra = (*REGEN_EXTRA, "--cuda-graph-max-bs", str(cuda_graph_max_bs or max_running_requests),
+             *(("--max-total-tokens", str(max_total_tokens)) if max_total_tokens else ()),
+             *(("--nccl-port", str(nccl_port)) if nccl_port else ()))
+    return sglang_target_command(model_path, port=port, mem_fraction_static=mem_fraction_static,
+                                 max_running_requests=max_running_requests, extra=extra)
+
+
 def regeneration_commands(model_path: str, count: int, *, port: int = 30000,
                           mem_fraction_static: float = 0.5) -> list[str]:
     """Launch commands for `count` target servers that share one GPU, on ports port .. port+count-1.
@@ -91,11 +108,8 @@ def regeneration_commands(model_path: str, count: int, *, port: int = 30000,
     so the pool is bounded by --max-total-tokens and every server gets the same generous fraction."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    extra = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-             "--cuda-graph-max-bs", str(REGEN_RUNNING), "--max-total-tokens", str(REGEN_POOL_TOKENS))
-    return [sglang_target_command(model_path, port=port + i, mem_fraction_static=mem_fraction_static,
-                                  max_running_requests=REGEN_RUNNING,
-                                  extra=(*extra, "--nccl-port", str(port + REGEN_NCCL_OFFSET + i)))
+    return [regeneration_command(model_path, port=port + i, mem_fraction_static=mem_fraction_static,
+                                 max_total_tokens=REGEN_POOL_TOKENS, nccl_port=port + REGEN_NCCL_OFFSET + i)
             for i in range(count)]
 
 
@@ -104,13 +118,15 @@ class TargetServers:
     stopped together: `with TargetServers(...) as servers: servers.urls`."""
 
     def __init__(self, model_path: str, count: int, log_dir: str | os.PathLike, *, prefix: str | None = None,
-                 port: int = 30000, startup_timeout: float = 600.0, python: str | None = None):
+                 port: int = 30000, startup_timeout: float = 600.0, python: str | None = None,
+                 mem_fraction_static: float = 0.5):
         env = server_env(prefix) if prefix else None
         log_dir = Path(log_dir)
         self.model = str(model_path)  # the `model` field the servers answer to (SGLang serves the folder path)
         self.servers = [SGLangServer(cmd, log_dir / f"sglang-{i}.log", python=python, env=env,
                                      startup_timeout=startup_timeout)
-                        for i, cmd in enumerate(regeneration_commands(model_path, count, port=port))]
+                        for i, cmd in enumerate(regeneration_commands(model_path, count, port=port,
+                                                                      mem_fraction_static=mem_fraction_static))]
 
     @property
     def urls(self) -> list[str]:
@@ -120,7 +136,9 @@ class TargetServers:
     def startup_s(self) -> float:
         return max(s.startup_s for s in self.servers)
 
-    def __enter__(self) -> "TargetServers":
+    def start(self) -> "TargetServers":
+        """Launch all, then wait for each (bounded); on any failure all are stopped. They stay up, for
+        as many client runs as the caller makes, until stop()."""
         try:
             for s in self.servers:
                 s.launch()
@@ -130,6 +148,9 @@ class TargetServers:
             self.stop()
             raise
         return self
+
+    def __enter__(self) -> "TargetServers":
+        return self.start()
 
     def stop(self) -> None:
         for s in self.servers:
