@@ -99,3 +99,21 @@ def test_a_precomputed_argmax_gives_the_same_targets(tiny_target):
 def test_unknown_loss_is_refused(tiny_target):
     with pytest.raises(ValueError, match="loss = 'kl'"):
         TTTObjective(_draft(tiny_target), 2, 0.8, "kl")
+
+
+@pytest.mark.slow
+def test_the_compiled_objective_computes_the_same(tiny_target):
+    """TrainConfig.compile: torch.compile of the unroll step and the step loss (inductor; on the CPU here)."""
+    ids, valid, pred_mask = _batch(tiny_target)
+    aux, last, _ = target_states(tiny_target, ids, valid.long(), tiny_target.capture_layers)
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        draft = _draft(tiny_target)
+        targets = targets_at(tiny_target, last, pred_mask, draft.draft_ids(), draft.t2d)
+        loss, stats = TTTObjective(draft, 3, 0.8, compile=compiled)(aux, ids, valid, targets)
+        results.append((loss.detach(), stats, torch.autograd.grad(loss, draft.fc.weight)[0]))
+    (a, sa, ga), (b, sb, gb) = results
+    assert draft.ttt_step_fn is not None
+    assert torch.allclose(a, b, rtol=1e-5) and torch.equal(sa[:, [1, 3]], sb[:, [1, 3]])
+    assert torch.allclose(ga, gb, rtol=1e-4, atol=1e-6)

@@ -238,6 +238,7 @@ class Eagle3Draft(nn.Module):
         # Shared with the target and frozen: kept outside the module tree so that it is never
         # saved, exported, moved or wrapped by DDP.
         self._embed = [embed_tokens]
+        self.ttt_step_fn = None  # compile_ttt: the compiled unroll step
         self.init_weights()
 
     # ---- construction helpers -------------------------------------------------------------
@@ -367,26 +368,36 @@ class Eagle3Draft(nn.Module):
         so that the caller can compute the large [B,T,Vd] logits under activation checkpointing.
         """
         b, t = input_ids.shape
-        layer = self.midlayer
         device = hidden.device
         causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # [T,T]
         prefix_mask = causal[None, None] & valid[:, None, None, :]  # [B,1,T,T]
         eye = torch.eye(t, dtype=torch.bool, device=device)[None, None].expand(b, 1, t, t)
-        keys, values = [], []
+        keys = values = None
         ids = input_ids
+        step = self.ttt_step_fn or self.ttt_step
         for i in range(steps):
             if i > 0:  # shift tokens left by one: slot t now holds token t+1+i
                 ids = F.pad(ids[:, 1:], (0, 1), value=0)
-            embeds = self._embed_ids(ids, hidden)
-            x = layer.attn_input(embeds, hidden)  # [B,T,2H]
-            cos, sin = self.rotary_emb(x, position_ids + i)
-            q, k, v = layer.self_attn.qkv(x, cos, sin)
-            keys.append(k)
-            values.append(v)
             mask = torch.cat([prefix_mask] + [eye] * i, dim=-1)  # [B,1,T,(i+1)T]
-            attn = layer.self_attn.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)
-            hidden = layer.finish(hidden, attn)
+            hidden, keys, values = step(self._embed_ids(ids, hidden), hidden, position_ids + i, keys, values, mask)
             yield i, hidden
+
+    def ttt_step(self, embeds, hidden, positions, keys, values, mask):
+        """One unroll step of ttt_forward: embeds/hidden [B,T,H], positions [B,T], keys/values of the
+        earlier steps [B,kvh,iT,d] (None at step 0), mask [B,1,T,(i+1)T] ->
+        (hidden_out [B,T,H], keys and values with this step's appended)."""
+        layer = self.midlayer
+        x = layer.attn_input(embeds, hidden)  # [B,T,2H]
+        cos, sin = self.rotary_emb(x, positions)
+        q, k, v = layer.self_attn.qkv(x, cos, sin)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        return layer.finish(hidden, layer.self_attn.attend(q, keys, values, mask)), keys, values
+
+    def compile_ttt(self) -> None:
+        """torch.compile the unroll step (dynamic shapes: batches differ in B and T): its norms, rotary,
+        MLP and masks fused into fewer kernels. Inference (`forward`) is left eager."""
+        self.ttt_step_fn = torch.compile(self.ttt_step, dynamic=True)
 
 
 def load_draft(folder, target) -> Eagle3Draft:

@@ -44,10 +44,15 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     return ap
 
 
-def _train_main(args) -> int:
+def config_from_args(args) -> TrainConfig:
+    """The TrainConfig of parsed `draftlab train` arguments."""
     d = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
     d["capture_layers"] = list(d["capture_layers"] or [])
-    result = train(TrainConfig(**d), resume=args.resume)
+    return TrainConfig(**d)
+
+
+def _train_main(args) -> int:
+    result = train(config_from_args(args), resume=args.resume)
     _, rank, _ = dist_info()
     if args.export and rank == 0 and result["finished"]:
         export_draft(result["draft"], args.export, max_position_embeddings=result["target"].max_position_embeddings)

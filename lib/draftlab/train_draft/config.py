@@ -55,6 +55,7 @@ class TrainConfig:
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)
     recompute_head: bool = True  # CUDA: recompute each TTT step's [N,Vd] logits in backward (memory for time)
+    compile: bool = False  # torch.compile the TTT unroll step and the step loss (same arithmetic, fused kernels)
     attention: str = "auto"  # SDPA kernel: auto (torch picks; cuDNN off on CUDA) | cudnn | efficient | flash | math
 
     @classmethod

@@ -217,7 +217,8 @@ class TrainingRun:
     def build_optimizer(self) -> None:
         """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
         cfg = self.cfg
-        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head)
+        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head,
+                                      cfg.compile)
         self.model = self.objective
         if self.world > 1:
             # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
@@ -392,7 +393,8 @@ class TrainingRun:
 
 # Settings that may change between a run and its resumption (they do not change the result).
 RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
-               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention", "recompute_head")
+               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention", "recompute_head",
+               "compile")
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:

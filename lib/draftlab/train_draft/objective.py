@@ -110,10 +110,12 @@ class TTTObjective(nn.Module):
     Only the slots that predict an assistant token are gathered for the head (prompt and padding
     slots are a third or more of a batch); their indices come from `Targets.rows`, on the CPU, so a
     step needs no device-to-host sync. `recompute_head` trades the [N,Vd] logits' memory for a
-    second head forward in backward (activation checkpointing, CUDA only).
+    second head forward in backward (activation checkpointing, CUDA only). `compile`: torch.compile
+    the draft's unroll step and the step loss (dynamic shapes); the same arithmetic, fused.
     """
 
-    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, loss: str = "soft", recompute_head: bool = True):
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, loss: str = "soft", recompute_head: bool = True,
+                 compile: bool = False):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss = {loss!r}, expected one of {list(LOSSES)}")
@@ -122,6 +124,10 @@ class TTTObjective(nn.Module):
         self.decay = decay
         self.loss = loss
         self.recompute_head = recompute_head
+        self.step_loss = self._step_loss
+        if compile:
+            draft.compile_ttt()
+            self.step_loss = torch.compile(self._step_loss, dynamic=True)
 
     def _step_loss(self, hid_rows, target_rows, trained, top):
         """One TTT step on its N gathered slots: (masked mean CE, stats row [4]).
@@ -162,9 +168,9 @@ class TTTObjective(nn.Module):
             args = (hid.reshape(b * length, -1)[slots], labels, (draft_top >= 0).float(), top)
             if torch.is_grad_enabled() and hid.is_cuda and self.recompute_head:
                 # GPU memory: the [N,Vd] logits/softmaxes are recomputed in backward, not kept per step.
-                loss_i, st = torch.utils.checkpoint.checkpoint(self._step_loss, *args, use_reentrant=False)
+                loss_i, st = torch.utils.checkpoint.checkpoint(self.step_loss, *args, use_reentrant=False)
             else:
-                loss_i, st = self._step_loss(*args)
+                loss_i, st = self.step_loss(*args)
             total = total + (self.decay ** i) * loss_i
             stats.append(st)
         return total, torch.stack(stats)
