@@ -77,68 +77,88 @@ def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
     return draft.to(DEVICE)
 
 
-def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7) -> list[dict]:
+# name -> TTTObjective settings: the objective as trained, the head kept for backward, torch.compile'd
+TRAIN_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "compiled": {"compile": True}}
+
+
+def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7,
+                  variants=("eager",)) -> list[dict]:
     rows = []
-    layers = target.capture_layers
     for length in lengths:
-        b = tokens // length
-        draft = make_draft(target, vd, True)
-        objective = TTTObjective(draft, steps, 0.8)
-        opt = torch.optim.AdamW(draft.parameters(), lr=1e-4)
-        ids = torch.randint(0, target.vocab_size, (b, length), device=DEVICE)
-        valid = torch.ones(b, length, dtype=torch.bool, device=DEVICE)
-        valid[b // 2:, length * 3 // 4:] = False  # some right padding
-        loss_mask = valid.clone()
-        loss_mask[:, : length // 3] = False  # the prompt part
-        feats = Features(target, layers, True)
-        state = {}
+        for variant in variants:
+            rows.append(profile_train_shape(target, out, length, tokens, vd, steps, variant,
+                                            profiled=length == lengths[len(lengths) // 2] and variant == variants[0]))
+            with open(out / "train_rows.jsonl", "a") as fh:  # row by row: a call cut at its limit keeps the rest
+                fh.write(json.dumps(rows[-1]) + "\n")
+    return rows
 
-        def features():
-            state["f"], state["last"] = feats(None, ids, valid, DEVICE)
 
-        def targets():
-            with autocast(DEVICE):
-                state["t"] = targets_at(target, state["last"], pred_mask, draft.draft_ids(), draft.t2d)
+def profile_train_shape(target: Target, out: Path, length: int, tokens: int, vd: int, steps: int, variant: str,
+                        profiled: bool) -> dict:
+    """One batch shape and objective variant: the parts of a step and the whole step, timed."""
+    layers = target.capture_layers
+    b = tokens // length
+    draft = make_draft(target, vd, True)
+    objective = TTTObjective(draft, steps, 0.8, **TRAIN_VARIANTS[variant])
+    opt = torch.optim.AdamW(draft.parameters(), lr=1e-4)
+    ids = torch.randint(0, target.vocab_size, (b, length), device=DEVICE)
+    valid = torch.ones(b, length, dtype=torch.bool, device=DEVICE)
+    valid[b // 2:, length * 3 // 4:] = False  # some right padding
+    loss_mask = valid.clone()
+    loss_mask[:, : length // 3] = False  # the prompt part
+    feats = Features(target, layers, True)
+    state = {}
 
-        pred_mask = torch.nn.functional.pad((loss_mask & valid)[:, 1:], (0, 1)).cpu()
+    def features():
+        state["f"], state["last"] = feats(None, ids, valid, DEVICE)
 
-        def fwd_bwd():
-            with autocast(DEVICE):
-                loss, _ = objective(state["f"], ids, valid, state["t"])
-            loss.backward()
+    def targets():
+        with autocast(DEVICE):
+            state["t"] = targets_at(target, state["last"], pred_mask, draft.draft_ids(), draft.t2d)
 
-        def opt_step():
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    pred_mask = torch.nn.functional.pad((loss_mask & valid)[:, 1:], (0, 1)).cpu()
 
-        def whole():
-            features(); targets(); fwd_bwd(); opt_step()  # noqa: E702
+    def fwd_bwd():
+        with autocast(DEVICE):
+            loss, _ = objective(state["f"], ids, valid, state["t"])
+        loss.backward()
 
-        features(); targets()  # noqa: E702
-        row = {"seq_len": length, "batch": b, "tokens": b * length,
-               "features_ms": 1e3 * timed(features), "soft_targets_ms": 1e3 * timed(targets),
-               "fwd_bwd_ms": 1e3 * timed(fwd_bwd), "opt_ms": 1e3 * timed(opt_step), "step_ms": 1e3 * timed(whole)}
-        row["tok_s"] = row["tokens"] / row["step_ms"] * 1e3
+    def opt_step():
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def whole():
+        features(); targets(); fwd_bwd(); opt_step()  # noqa: E702
+
+    features(); targets()  # noqa: E702
+    t = time.perf_counter()
+    fwd_bwd()  # the first call: a compiled variant compiles here
+    sync()
+    first_s = time.perf_counter() - t
+    row = {"variant": variant, "first_fwd_bwd_s": first_s, "seq_len": length, "batch": b, "tokens": b * length,
+           "features_ms": 1e3 * timed(features), "soft_targets_ms": 1e3 * timed(targets),
+           "fwd_bwd_ms": 1e3 * timed(fwd_bwd), "opt_ms": 1e3 * timed(opt_step), "step_ms": 1e3 * timed(whole)}
+    row["tok_s"] = row["tokens"] / row["step_ms"] * 1e3
+    if variant == "eager":
         objective.steps = 1  # how the TTT unroll scales: one step instead of `steps`
         row["fwd_bwd_ttt1_ms"] = 1e3 * timed(fwd_bwd)
         objective.steps = steps
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if length == lengths[len(lengths) // 2]:
-            from torch.profiler import ProfilerActivity, profile
+    print(json.dumps(row), flush=True)
+    if profiled:
+        from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                whole()
-                sync()
-            key = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
-            table = prof.key_averages().table(sort_by=key, row_limit=40)
-            (out / "train_profile.txt").write_text(table)
-            print(table[:6000], flush=True)
-        del draft, objective, opt, state
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            whole()
+            sync()
+        key = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=40)
+        (out / "train_profile.txt").write_text(table)
+        print(table[:6000], flush=True)
+    del draft, objective, opt, state
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
 def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
@@ -233,6 +253,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--lengths", default="512,1024,2048")
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--variants", default="eager", help=f"training objective variants, of {', '.join(TRAIN_VARIANTS)}")
+    ap.add_argument("--draft-vocab", type=int, default=16000)
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -246,7 +268,8 @@ def main() -> int:
         result["verify_ms"] = {k: v for dt in dtypes for k, v in profile_verify(args.config_json, dt).items()}
     if "train" in parts:
         target = random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32)
-        result["train"] = profile_train(target, args.out_dir, [int(x) for x in args.lengths.split(",")], args.tokens)
+        result["train"] = profile_train(target, args.out_dir, [int(x) for x in args.lengths.split(",")], args.tokens,
+                                        args.draft_vocab, variants=tuple(args.variants.split(",")))
     (args.out_dir / "profile.json").write_text(json.dumps(result, indent=1))
     return 0
 
