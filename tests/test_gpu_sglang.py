@@ -25,14 +25,17 @@ from test_gpu_call import FAKE_STAGE, bash
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# FAKE_PLAN {"specdec"|"sglang": "sleep"}; every GPU command it answers is logged to FAKE_LOG
-FAKE_PYTHON = r'''
+# an interpreter stand-in: what its body answers is logged to FAKE_LOG, everything else runs for real
+STAND_IN_HEAD = r'''
 import json, os, sys, time
 from pathlib import Path
 argv = sys.argv[1:]
 def log(what):
     with open(os.environ["FAKE_LOG"], "a") as f:
         f.write(json.dumps(what) + "\n")
+'''
+# FAKE_PLAN {"specdec"|"sglang": "sleep"}
+FAKE_PYTHON = r'''
 if argv[:2] == ["-m", "draftlab.cli"] and argv[2:3] == ["bench"] and argv[3] in ("specdec", "sglang") and (
         argv[3] == "specdec" or "--summary-only" not in argv):
     log(argv[3:])
@@ -55,19 +58,24 @@ if argv[:2] == ["-m", "draftlab.sglang.install"]:
 if argv[:1] == ["-c"] and "import sglang" in argv[1]:
     print("0.5.17")
     sys.exit(0)
-os.execv(sys.executable, [sys.executable, *argv])
 '''
+
+
+def stand_in_python(tmp_path, monkeypatch, body: str) -> str:
+    """The stand-in with `body`'s answers, as an executable in tmp_path; FAKE_LOG set."""
+    fake = tmp_path / "python-fixture"
+    fake.write_text(f"#!{sys.executable}\n{STAND_IN_HEAD}{body}os.execv(sys.executable, [sys.executable, *argv])\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "fake.log"))
+    return str(fake)
 
 
 @pytest.fixture
 def call(tmp_path, monkeypatch):
-    fake = tmp_path / "python-fixture"
-    fake.write_text(f"#!{sys.executable}\n{FAKE_PYTHON}")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "fake.log"))
+    fake = stand_in_python(tmp_path, monkeypatch, FAKE_PYTHON)
     now = int(time.time())
     c = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-             t0=now, deadline=now + 600, repo=ROOT, python=str(fake))
+             t0=now, deadline=now + 600, repo=ROOT, python=fake)
     for folder in (c.out, c.sglang_prefix, c.run / "sglang"):
         folder.mkdir(parents=True)
     (c.sglang_prefix / DONE_MARKER).write_text("{}")

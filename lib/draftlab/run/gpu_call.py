@@ -132,14 +132,19 @@ class Call:
         return self
 
 
-def until(argv, deadline: float, *, quiet: bool = False, **popen_kwargs) -> int:
+def until(argv, deadline: float, *, quiet: bool = False, on_line=None, **popen_kwargs) -> int:
     """`argv` until `deadline` (epoch s), then stopped with its descendants: its exit code, CUT when
-    stopped. quiet: its progress-bar lines are left out of the log (bash's `| grep -v "it/s]"`)."""
+    stopped. quiet: its progress-bar lines are left out of the log (bash's `| grep -v "it/s]"`);
+    on_line(line): each line of its output goes there instead of the log."""
     def show(line: str) -> None:
-        if not any(bar in line for bar in PROGRESS_BARS):
+        if quiet and any(bar in line for bar in PROGRESS_BARS):
+            return
+        if on_line is None:
             print(line, flush=True)
+        else:
+            on_line(line)
 
-    rc = run_until([str(a) for a in argv], deadline, on_line=show if quiet else None, **popen_kwargs)
+    rc = run_until([str(a) for a in argv], deadline, on_line=show if quiet or on_line else None, **popen_kwargs)
     return CUT if rc is None else rc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tarfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 from draftlab.run import summary
@@ -34,6 +35,15 @@ def human(n: int) -> str:
     while x >= 1024 and len(units) > 1:
         x, units = x / 1024, units[1:]
     return str(n) if units[0] == "" else (f"{x:.1f}{units[0]}" if x < 10 else f"{x:.0f}{units[0]}")
+
+
+def tar_gz_without(src: Path, arcname: str, out: Path, excludes) -> None:
+    """src as arcname in out (gzip), without any path whose part matches one of the patterns (tar's --exclude)."""
+    def keep(info: tarfile.TarInfo):
+        return None if any(fnmatch(part, p) for part in Path(info.name).parts for p in excludes) else info
+
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(src, arcname=arcname, filter=keep)
 
 
 def write_parts(stream, prefix: Path, size: int | None = None) -> list[Path]:

@@ -31,7 +31,6 @@ import subprocess
 import tarfile
 import time
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 from draftlab.core.process import alive
@@ -248,12 +247,8 @@ def oracle_done(call: Call, knobs: Knobs) -> bool:
 
 def pack_results(call: Call) -> None:
     """This run's results so far (no weights, no data): OUT/sglang-results.tar.gz, small, every call."""
-    def keep(info: tarfile.TarInfo):
-        return None if any(fnmatch(part, p) for part in Path(info.name).parts for p in PACK_EXCLUDES) else info
-
     out = call.out / "sglang-results.tar.gz"
-    with tarfile.open(out, "w:gz") as tar:
-        tar.add(call.run, arcname=call.run_id, filter=keep)
+    gpu_pack.tar_gz_without(call.run, call.run_id, out, PACK_EXCLUDES)
     call.say(f"packed {gpu_pack.human(out.stat().st_size)}")
 
 
@@ -285,8 +280,7 @@ def oracle_check(call: Call, knobs: Knobs) -> int:
     call.say(f"oracle check: SGLang study exit {rc}")
     subprocess.run([call.python, "-m", "draftlab.benchmark_acceptance.sglang_report", "gaps", str(chk),
                     str(knobs.samples), str(call.out / "oracle_check.json")])
-    with tarfile.open(call.out / "oracle-check.tar.gz", "w:gz") as tar:
-        tar.add(chk, arcname=chk.name, filter=lambda i: None if fnmatch(Path(i.name).name, "*.safetensors") else i)
+    gpu_pack.tar_gz_without(chk, chk.name, call.out / "oracle-check.tar.gz", ("*.safetensors",))
     return 0
 
 

@@ -12,6 +12,7 @@ that scripts/gpu/common.sh's functions call.
     python3 -m draftlab.run.gpu_step bench sweep|attention|static|offline|shapes
     python3 -m draftlab.run.gpu_step bench generate NAME CACHE SIZES
     python3 -m draftlab.run.gpu_step sglang [PHASE]      sglang.sh's phases (draftlab.run.gpu_sglang; PHASE env)
+    python3 -m draftlab.run.gpu_step recipes [PHASE]     recipes.sh's phases (draftlab.run.gpu_recipes; PHASE env)
     python3 -m draftlab.run.gpu_step regen-servers [--k K --n N --concurrency C --mem F --full|--no-full]
     python3 -m draftlab.run.gpu_step regen-feed [--n N --c C]       the regeneration measurements (gpu_regen)
 Knobs: the environment as draftlab.run.gpu_call reads it (OUT, DL, SITE, SCRATCH, PROFILE, BUDGET_S,
@@ -26,7 +27,7 @@ import argparse
 import os
 import sys
 
-from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_regen, gpu_sglang, gpu_stages
+from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_recipes, gpu_regen, gpu_sglang, gpu_stages
 from draftlab.run.gpu_call import Call
 
 DONE, AGAIN, FAILED = 0, 3, 1  # step's exit codes
@@ -100,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
     env = os.environ.get
     s = sub.add_parser("sglang", parents=[common], help="a phase of scripts/gpu/sglang.sh")
     s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
+    s = sub.add_parser("recipes", parents=[common], help="a phase of scripts/gpu/recipes.sh")
+    s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
     s = sub.add_parser("regen-servers", parents=[common], help="scripts/gpu/regen_servers.sh")
     s.add_argument("--k", type=int, default=int(env("K") or 4), help="servers (default: K, else 4)")
     s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_bench.BENCHES[args.name](call)
     if args.command == "sglang":
         return gpu_sglang.run_phase(call, args.phase)
+    if args.command == "recipes":
+        return gpu_recipes.run_phase(call, args.phase)
     if args.command == "regen-servers":
         return gpu_regen.regen_servers(call, k=args.k, n=args.n, concurrency=args.concurrency, mem=args.mem,
                                        full=args.full)

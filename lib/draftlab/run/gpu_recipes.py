@@ -1,0 +1,291 @@
+"""The phases of scripts/gpu/recipes.sh on the GPU machine (issue 18): the recipe study, trained and
+measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child processes.
+
+    stash    nothing else (a transfer call: recipes.sh took the cargo chunk and the bundle parts)
+    train    set-up and the study's data; once per machine the training-speed check; then
+             `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline (3: call again)
+    speed    set-up and data, benchmarks/tokenize_profile.py on 300 rows (OUT/tokenize_profile*.txt),
+             the speed check on SPEED_SAMPLES rows
+    measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
+             every row of ROWS on the held-out split and HumanEval; the report
+Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
+SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head), TRAIN_SET
+(more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), RECIPES_TARGET (embedded;
+tests train the tiny one), PREFIX and the deadline: gpu_call's. The study lives in DL/recipes; every call
+sends back OUT/recipes.tar.gz (no weights, data, token caches or TensorBoard logs); the speed check OUT/speed.json.
+Exit codes: 0 done, 3 call again, 1 failed, 2 an unknown phase.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import lzma
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftlab.run import gpu_call, gpu_pack, gpu_sglang
+from draftlab.run.gpu_call import CUT, Call, until, unxz
+
+DONE, AGAIN, FAILED = 0, 3, 1
+SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
+PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
+SPEED_VARIANTS = ("old", "new", "new_keep_head")  # the objective of OLDLIB (carried), this tree's, and
+# this tree's without recomputing the head
+SPEED_NOTE = ("draftlab train, reference recipe (16K vocab, 16,384-token batches, TTT 7), real regenerated data, "
+              "one process each, H200")
+SPEED_CHILD_S = 240  # each speed-check run at most (recipes.sh's `timeout 240`)
+PROFILE_CHILD_S = 120  # each tokeniser profile at most
+
+
+@dataclass
+class Knobs:
+    """recipes.sh's own environment variables (the call's are gpu_call's)."""
+
+    rows: list[str]  # ROWS
+    parallel: int  # PARALLEL
+    speed_steps: int  # SPEED_STEPS
+    speed_samples: int  # SPEED_SAMPLES (0: every row)
+    speed_variants: list[str]  # SPEED_VARIANTS
+    train_set: list[str]  # TRAIN_SET
+    samples: int  # SAMPLES
+    humaneval: int  # HUMANEVAL
+    target: str  # RECIPES_TARGET
+    base_draft: Path  # the published draft (carried as .device/drafts/eagle3): row `base`
+
+    @classmethod
+    def from_env(cls, call: Call, env=None) -> "Knobs":
+        env = os.environ if env is None else env
+
+        def get(name: str, default) -> str:
+            return env.get(name) or str(default)
+
+        return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
+                   parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
+                   speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=get("SPEED_VARIANTS", "new old").split(),
+                   train_set=env.get("TRAIN_SET", "").split(), samples=int(get("SAMPLES", 64)),
+                   humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
+                   base_draft=call.repo / ".device/drafts/eagle3")
+
+
+def study_dir(call: Call) -> Path:
+    return call.dl / "recipes"
+
+
+def data_dir(call: Call) -> Path:
+    return study_dir(call) / "data"
+
+
+def last_line(path: Path, chars: int) -> str:
+    """The last non-empty line of a log's last `chars` characters (progress bars' \\r as line ends)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return next((line for line in reversed(tail.replace("\r", "\n").split("\n")) if line), "")
+
+
+# ---- the study's inputs ------------------------------------------------------------------------------
+def stage_data(call: Call, knobs: Knobs) -> bool:
+    """The reference run's regenerated set and held-out split (tracked .xz), and its published draft
+    with its training summary as row `base`; what is there already is kept."""
+    data, base = data_dir(call), study_dir(call) / "base"
+    data.mkdir(parents=True, exist_ok=True)
+    try:
+        for split in SPLITS:
+            dst = data / f"{Path(split).name}.jsonl"
+            if not (dst.is_file() and dst.stat().st_size):
+                tmp = dst.with_name(dst.name + ".tmp")
+                unxz(call.repo / "results/reference" / f"{split}.jsonl.xz", tmp)
+                tmp.replace(dst)
+        if not (base / "draft/model.safetensors").is_file():
+            (base / "train").mkdir(parents=True, exist_ok=True)
+            shutil.copytree(knobs.base_draft, base / "draft", dirs_exist_ok=True)
+            shutil.copyfile(call.repo / "results/reference/train/summary.json", base / "train/summary.json")
+    except (OSError, lzma.LZMAError) as exc:
+        call.say(f"FAILED: the study's data: {exc}")
+        return False
+    return True
+
+
+# ---- the training-speed check -------------------------------------------------------------------------
+def rate_after_warmup(rows: list[dict]) -> dict | None:
+    """tok/s between the first and the last logged rows of a train.csv (the first window is warm-up);
+    None with fewer than three rows. Each row's tokens_per_s is cumulative since the start."""
+    if len(rows) < 3:
+        return None
+    a, b = rows[0], rows[-1]
+    ta, tb = float(a["elapsed_s"]), float(b["elapsed_s"])
+    tokens = float(b["tokens_per_s"]) * tb - float(a["tokens_per_s"]) * ta
+    return {"steps": int(b["step"]), "tok_s_after_warmup": tokens / (tb - ta),
+            "tok_s_cumulative": float(b["tokens_per_s"])}
+
+
+def speed_summary(folder: Path) -> dict:
+    """Each variant's rate from folder/<variant>/train.csv, and what was measured."""
+    res = {}
+    for variant in SPEED_VARIANTS:
+        log = folder / variant / "train.csv"
+        rate = rate_after_warmup(list(csv.DictReader(open(log)))) if log.is_file() else None
+        if rate:
+            res[variant] = rate
+    res["note"] = SPEED_NOTE
+    return res
+
+
+def speed_measured(path: Path) -> bool:
+    try:
+        return any(isinstance(v, dict) for v in json.loads(path.read_text()).values())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def speed_check(call: Call, knobs: Knobs) -> None:
+    """SPEED_STEPS steps of the reference recipe by each variant, one after the other, once per machine:
+    STUDY/speed.json and OUT/speed.json. The first variant tokenises into STUDY/speed/tokens, the others
+    read it."""
+    study = study_dir(call)
+    result = study / "speed.json"
+    if speed_measured(result):
+        return
+    speed, data = study / "speed", data_dir(call)
+    speed.mkdir(parents=True, exist_ok=True)
+    for variant in knobs.speed_variants:
+        lib = call.repo / (".device/oldlib/lib" if variant == "old" else "lib")
+        extra = ["--recompute-head", "false"] if variant == "new_keep_head" else []
+        shutil.rmtree(speed / variant, ignore_errors=True)
+        argv = call.cli("train", "--train-file", data / "train.jsonl", "--target", knobs.target,
+                        "--val-file", data / "val.jsonl", "--max-val-samples", 256, "--device", "cuda", "--epochs", 5,
+                        "--draft-vocab-size", 16000, "--lr", 5e-4, "--batch-tokens", 16384, "--max-batch", 64,
+                        "--stop-after", knobs.speed_steps, "--max-train-samples", knobs.speed_samples,
+                        "--log-every", 10, "--save-every", 100000, "--out-dir", speed / variant, *extra)
+        env = {**os.environ, "PYTHONPATH": f"{lib}:{call.site}"}
+        with open(speed / f"{variant}.log", "wb") as log:
+            rc = until(argv, min(time.time() + SPEED_CHILD_S, call.deadline - 30), stdout=log, stderr=log, env=env)
+        call.say(f"speed {variant}: exit {rc} {last_line(speed / f'{variant}.log', 300)}")
+    res = speed_summary(speed)
+    result.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res), flush=True)
+    shutil.copyfile(result, call.out / "speed.json")
+
+
+def tokenize_profile(call: Call, out: Path, shown: int, *target_device: str) -> int:
+    """benchmarks/tokenize_profile.py on 300 rows into `out` (its conv/s bars left out); the first lines shown."""
+    lines: list[str] = []
+
+    def keep(line: str) -> None:
+        if "conv/s]" not in line:
+            if len(lines) < shown:
+                print(line, flush=True)
+            lines.append(line)
+
+    argv = [call.python, "benchmarks/tokenize_profile.py", call.model_dir, data_dir(call) / "train.jsonl", 300,
+            *target_device]
+    rc = until(argv, min(time.time() + PROFILE_CHILD_S, call.deadline - 30), on_line=keep, cwd=call.repo)
+    out.write_text("".join(f"{line}\n" for line in lines))
+    return rc
+
+
+# ---- rows -------------------------------------------------------------------------------------------------
+def link_tokens(call: Call, rows: list[str]) -> None:
+    """One tokenised cache for every row (train reads OUT_DIR/../tokens): STUDY/<row>/tokens links to
+    STUDY/speed/tokens, made first (a link to a missing folder fails train's mkdir, "File exists", 2026-12-01)."""
+    shared = study_dir(call) / "speed/tokens"
+    shared.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        link = study_dir(call) / row / "tokens"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not (link.exists() or link.is_symlink()):
+            link.symlink_to(shared)
+
+
+def outcome(rc: int) -> int:
+    """A study command's exit as the phase's: done, cut (by itself or at the deadline), or failed."""
+    return DONE if rc == DONE else AGAIN if rc in (AGAIN, CUT) else FAILED
+
+
+def train_rows(call: Call, knobs: Knobs) -> int:
+    """`draftlab recipes train` of ROWS, its rows stopped 15 s before the deadline (it then checkpoints,
+    writes their status and exits 3; stopped itself only at the deadline); each row's last log line."""
+    study, data = study_dir(call), data_dir(call)
+    budget = call.left() - 15
+    if budget < 1:
+        call.say(f"no time left to train ({call.left()} s): call again")
+        return AGAIN
+    argv = call.cli("recipes", "train", "--rows", ",".join(knobs.rows), "--train-file", data / "train.jsonl",
+                    "--val-file", data / "val.jsonl", "--out", study, "--parallel", knobs.parallel,
+                    "--budget-s", budget, "--target", knobs.target, "--set", "device", "cuda",
+                    "--set", "save_every", 100, "--set", "eval_every", 500, *knobs.train_set)
+    rc = until(argv, call.deadline)
+    for row in knobs.rows:
+        call.say(f"{row}: {last_line(study / row / 'train.log', 400)}")
+    return outcome(rc)
+
+
+def measure_rows(call: Call, knobs: Knobs) -> int:
+    """`draftlab recipes measure` of `base` and ROWS in SGLang, until 30 s before the deadline; the report."""
+    study = study_dir(call)
+    argv = call.cli("recipes", "measure", "--rows", ",".join(["base", *knobs.rows]), "--out", study,
+                    "--model-path", call.model_dir, "--held-out", data_dir(call) / "test.jsonl",
+                    "--samples", knobs.samples, "--humaneval", knobs.humaneval, "--prefix", call.sglang_prefix,
+                    "--budget-s", call.left() - 30)
+    return outcome(until(argv, call.deadline - 10, quiet=True))
+
+
+def pack(call: Call) -> None:
+    """The study so far without weights, checkpoints, data, token caches or TensorBoard logs: OUT/recipes.tar.gz."""
+    out = call.out / "recipes.tar.gz"
+    gpu_pack.tar_gz_without(study_dir(call), "recipes", out, PACK_EXCLUDES)
+    call.say(f"packed {gpu_pack.human(out.stat().st_size)}")
+
+
+# ---- the phases ----------------------------------------------------------------------------------------------
+def ready(call: Call, knobs: Knobs) -> bool:
+    return gpu_call.ensure_all(call) and stage_data(call, knobs)
+
+
+def speed(call: Call, knobs: Knobs) -> int:
+    """The tokeniser's profile on this machine (alone, then after the target is loaded) and the speed check."""
+    if not ready(call, knobs):
+        return FAILED
+    tokenize_profile(call, call.out / "tokenize_profile.txt", 40)
+    tokenize_profile(call, call.out / "tokenize_profile_after_target.txt", 30, "embedded", "cuda")
+    speed_check(call, knobs)
+    pack(call)
+    return DONE
+
+
+def train(call: Call, knobs: Knobs) -> int:
+    if not ready(call, knobs):
+        return FAILED
+    speed_check(call, knobs)
+    link_tokens(call, knobs.rows)
+    rc = train_rows(call, knobs)
+    pack(call)
+    return rc
+
+
+def measure(call: Call, knobs: Knobs) -> int:
+    if not (ready(call, knobs) and gpu_sglang.install_sglang(call)):
+        return FAILED
+    rc = measure_rows(call, knobs)
+    pack(call)
+    return rc
+
+
+def run_phase(call: Call, phase: str, knobs: Knobs | None = None) -> int:
+    knobs = knobs or Knobs.from_env(call)
+    data_dir(call).mkdir(parents=True, exist_ok=True)
+    call.out.mkdir(parents=True, exist_ok=True)
+    if phase == "stash":
+        return DONE
+    phases = {"speed": speed, "train": train, "measure": measure}
+    if phase not in phases:
+        call.say(f"unknown PHASE {phase}")
+        return 2
+    return phases[phase](call, knobs)
