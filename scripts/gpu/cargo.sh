@@ -49,7 +49,7 @@ receive() {
     [ -f "$HOLD/root/.complete" ] && break
     [ -f "$d/SHA256" ] || continue
     (cd "$d" && sha256sum -c --quiet SHA256) || { echo "cargo: $d is damaged (sha256); carry it again" >&2; exit 1; }
-    cp --update=none "$d"/chunk.* "$HOLD/"
+    for f in "$d"/chunk.*; do [ -e "$HOLD/${f##*/}" ] || cp "$f" "$HOLD/"; done  # (cp --update=none: coreutils 9.3+)
     cp "$d/COUNT" "$HOLD/COUNT"
   done
   [ -f "$HOLD/COUNT" ] || { echo "cargo: no chunk here yet (carry .device/cargo/cN)"; return 0; }

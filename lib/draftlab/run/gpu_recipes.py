@@ -9,8 +9,8 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
     measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
-SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head), TRAIN_SET
-(more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), RECIPES_TARGET (embedded;
+SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head, new_compiled),
+TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), RECIPES_TARGET (embedded;
 tests train the tiny one), PREFIX and the deadline: gpu_call's. The study lives in DL/recipes; every call
 sends back OUT/recipes.tar.gz (no weights, data, token caches or TensorBoard logs); the speed check OUT/speed.json.
 Exit codes: 0 done, 3 call again, 1 failed, 2 an unknown phase.
@@ -33,8 +33,10 @@ from draftlab.run.gpu_call import CUT, Call, until, unxz
 DONE, AGAIN, FAILED = 0, 3, 1
 SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
-SPEED_VARIANTS = ("old", "new", "new_keep_head")  # the objective of OLDLIB (carried), this tree's, and
-# this tree's without recomputing the head
+# variant -> `draftlab train` flags: the objective of OLDLIB (carried), this tree's, this tree's without
+# recomputing the head, and this tree's torch.compile'd
+SPEED_VARIANTS = {"old": [], "new": [], "new_keep_head": ["--recompute-head", "false"],
+                  "new_compiled": ["--compile", "true"]}
 SPEED_NOTE = ("draftlab train, reference recipe (16K vocab, 16,384-token batches, TTT 7), real regenerated data, "
               "one process each, H200")
 SPEED_CHILD_S = 240  # each speed-check run at most (recipes.sh's `timeout 240`)
@@ -63,9 +65,13 @@ class Knobs:
         def get(name: str, default) -> str:
             return env.get(name) or str(default)
 
+        variants = get("SPEED_VARIANTS", "new old").split()
+        unknown = [v for v in variants if v not in SPEED_VARIANTS]
+        if unknown:
+            raise ValueError(f"SPEED_VARIANTS: unknown {unknown}; known: {', '.join(SPEED_VARIANTS)}")
         return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
                    parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
-                   speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=get("SPEED_VARIANTS", "new old").split(),
+                   speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
                    train_set=env.get("TRAIN_SET", "").split(), samples=int(get("SAMPLES", 64)),
                    humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
                    base_draft=call.repo / ".device/drafts/eagle3")
@@ -157,7 +163,7 @@ def speed_check(call: Call, knobs: Knobs) -> None:
     speed.mkdir(parents=True, exist_ok=True)
     for variant in knobs.speed_variants:
         lib = call.repo / (".device/oldlib/lib" if variant == "old" else "lib")
-        extra = ["--recompute-head", "false"] if variant == "new_keep_head" else []
+        extra = SPEED_VARIANTS[variant]
         shutil.rmtree(speed / variant, ignore_errors=True)
         argv = call.cli("train", "--train-file", data / "train.jsonl", "--target", knobs.target,
                         "--val-file", data / "val.jsonl", "--max-val-samples", 256, "--device", "cuda", "--epochs", 5,
