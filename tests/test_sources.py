@@ -208,3 +208,28 @@ def test_stdlib_docstrings_sample_spreads_over_modules():
     assert len(rows) == 60
     assert len({r["meta"]["module"] for r in rows}) >= 20
     assert {r["meta"]["package"] for r in rows} == {"stdlib"}
+
+
+def test_more_templates_add_prompts_per_definition_and_keep_the_first():
+    one = offline.docstring_conversations(["pyyaml"], limit=200)
+    all_ = offline.docstring_conversations(["pyyaml"], limit=800, templates=4)
+    by_def = {}
+    for r in all_:
+        by_def.setdefault((r["meta"]["module"], r["meta"]["qualname"]), []).append(r)
+    assert len(by_def) == len(one) and len(all_) > 2.5 * len(one)
+    for r in one:  # each definition's first prompt is the one-template source's prompt
+        assert by_def[(r["meta"]["module"], r["meta"]["qualname"])][0]["messages"] == r["messages"]
+    for rows in by_def.values():  # distinct templates, 3 for a class and 4 for a function or method
+        assert len({x["meta"]["template"] for x in rows}) == len(rows) == (3 if rows[0]["meta"]["kind"] == "class"
+                                                                           else 4)
+    assert len({r["id"] for r in all_}) == len(all_)
+
+
+def test_templates_must_be_a_positive_integer(tmp_path):
+    from draftlab.blend.spec import BlendSpecError, load_spec
+
+    for bad in ("0", "two", "1.5"):
+        path = tmp_path / "s.yaml"
+        path.write_text(f"total: 10\nsources:\n  - name: d\n    kind: docstrings\n    weight: 1\n    templates: {bad}\n")
+        with pytest.raises(BlendSpecError, match="templates"):
+            load_spec(path)

@@ -31,7 +31,7 @@ EVAL_SETS = {"humaneval": offline.humaneval_texts}
 TOP_KEYS = {"name", "seed", "tokenizer", "total", "oversample", "sources", "filters", "dedup", "decontaminate",
             "splits", "split_salt", "description"}
 SOURCE_KEYS = {"name", "kind", "weight", "count", "max_rows", "pin_split", "eval", "adapter", "role_map",
-               "packages", "max_per_file", "hub_id", "hub_split", "config", "revision", "path", "required"}
+               "packages", "max_per_file", "templates", "hub_id", "hub_split", "config", "revision", "path", "required"}
 KINDS = ("docstrings", "humaneval", "hub", "local")
 DEFAULTS = {
     "seed": 0,
@@ -124,6 +124,10 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
             raise BlendSpecError(f"{at}: weight needs a top-level 'total'")
         if not isinstance(src.get("required", False), bool):
             raise BlendSpecError(f"{at}: required must be true or false, got {src['required']!r}")
+        templates = src.get("templates", 1)
+        if src["kind"] != "docstrings" and "templates" in src or not isinstance(templates, int) or templates < 1:
+            raise BlendSpecError(f"{at}: templates (prompts per documented definition, docstrings sources only) "
+                                 f"must be a positive integer, got {templates!r}")
         if src.get("pin_split") not in (None, *SPLITS):
             raise BlendSpecError(f"{at}: pin_split must be one of {SPLITS}")
         for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
@@ -206,7 +210,8 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         return _checked(rows, name, max_chars)
     if kind == "docstrings":
         rows = offline.docstring_conversations(src.get("packages", "stdlib"), limit=limit,
-                                               max_per_file=src.get("max_per_file"), source=name)
+                                               max_per_file=src.get("max_per_file"), source=name,
+                                               templates=int(src.get("templates", 1)))
         info["versions"] = offline.package_versions(rows)
         return _checked(rows, name, max_chars)
     if kind == "local":

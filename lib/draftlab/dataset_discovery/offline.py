@@ -257,29 +257,33 @@ CLASS_TEMPLATES = (
 )
 
 
-def definition_prompt(d: Definition) -> tuple[str, str]:
-    """(template name, user prompt) for one definition; the template is fixed by the qualified name."""
+def definition_prompts(d: Definition, count: int = 1) -> list[tuple[str, str]]:
+    """(template name, user prompt) for `count` of the definition's templates (all of them at most), in an
+    order fixed by its qualified name: one prompt each, so the first is the same whatever `count` is."""
     templates = CLASS_TEMPLATES if d.kind == "class" else FUNCTION_TEMPLATES
-    name, make = templates[_stable_hash(f"{d.package}:{d.module}:{d.qualname}") % len(templates)]
-    return name, make(d)
+    first = _stable_hash(f"{d.package}:{d.module}:{d.qualname}") % len(templates)
+    picked = [templates[(first + k) % len(templates)] for k in range(min(count, len(templates)))]
+    return [(name, make(d)) for name, make in picked]
 
 
 def docstring_conversations(packages: str | list[str] = "stdlib", limit: int | None = None,
-                            max_per_file: int | None = None, source: str | None = None) -> list[dict]:
-    """Prompt-only coding conversations from documented definitions; meta records package and version."""
+                            max_per_file: int | None = None, source: str | None = None,
+                            templates: int = 1) -> list[dict]:
+    """Prompt-only coding conversations from documented definitions (`templates` prompts per definition:
+    write / explain / test / use); meta records package and version."""
     source = source or f"{DOCSTRING_SOURCE}/{packages if isinstance(packages, str) else '+'.join(packages)}"
     rows = []
     for d in iter_definitions(packages, max_defs=limit, max_per_file=max_per_file):
-        template, prompt = definition_prompt(d)
-        messages = [{"role": "user", "content": prompt}]
-        rows.append({
-            "id": conversation_id(messages, source),
-            "source": source,
-            "messages": messages,
-            "meta": {"package": d.package, "version": d.version, "module": d.module, "qualname": d.qualname,
-                     "kind": d.kind, "template": template, "path": d.path},
-        })
-    return rows
+        for template, prompt in definition_prompts(d, templates):
+            messages = [{"role": "user", "content": prompt}]
+            rows.append({
+                "id": conversation_id(messages, source),
+                "source": source,
+                "messages": messages,
+                "meta": {"package": d.package, "version": d.version, "module": d.module, "qualname": d.qualname,
+                         "kind": d.kind, "template": template, "path": d.path},
+            })
+    return rows[:limit] if limit is not None else rows
 
 
 def package_versions(rows: Iterable[dict]) -> dict[str, str]:
