@@ -230,6 +230,7 @@ def test_templates_must_be_a_positive_integer(tmp_path):
 
     for bad in ("0", "two", "1.5"):
         path = tmp_path / "s.yaml"
-        path.write_text(f"total: 10\nsources:\n  - name: d\n    kind: docstrings\n    weight: 1\n    templates: {bad}\n")
+        path.write_text("total: 10\nsources:\n  - name: d\n    kind: docstrings\n    weight: 1\n"
+                        f"    templates: {bad}\n")
         with pytest.raises(BlendSpecError, match="templates"):
             load_spec(path)
