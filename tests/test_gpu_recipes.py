@@ -18,7 +18,7 @@ from draftlab.run import gpu_recipes
 from draftlab.run.gpu_call import Call
 from draftlab.run.gpu_recipes import AGAIN, DONE, Knobs
 from test_gpu_call import bash
-from test_gpu_sglang import logged, stand_in_python
+from test_gpu_sglang import HOLDS_CARGO, logged, stand_in_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,8 +176,7 @@ def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
     assert not logged(tmp_path) and (call.out / "recipes.tar.gz").is_file()
 
 
-@pytest.mark.skipif(any((ROOT / ".device" / "cargo").glob("c*/chunk.*")),
-                    reason="this checkout holds packed cargo: receiving it would link its folders into the checkout")
+@HOLDS_CARGO
 def test_recipes_sh_phases_exit_codes(tmp_path):
     env = {"CARGO_HOLD": str(tmp_path / "cargo")}
     out = bash("PHASE=stash bash scripts/gpu/recipes.sh; echo rc=$?", tmp_path, **env)
