@@ -2,6 +2,7 @@
 deadlines that stop a stage and its kernel, the cut and skip rules, the state and the packed run,
 step's exit codes, and common.sh's functions calling it as the lead's scripts do."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -292,3 +293,18 @@ def test_step_sh_runs_to_done_and_packs(tmp_path):
     assert {"reference.tar.gz", "summary.json", "log", "draft-eagle3.tar.part-0"} == {
         p.name for p in (tmp_path / "out").iterdir()}
     assert (tmp_path / "out/log").read_text().count("DONE: ") == 1
+
+
+def test_the_gguf_joined_from_its_carried_parts_is_checked(tmp_path, capsys):
+    """ensure_gguf through join_parts: parts that are not the embedded GGUF leave no model.gguf."""
+    now = int(time.time())
+    call = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
+                t0=now, deadline=now + 60, repo=tmp_path / "repo")
+    for folder, name in ((call.scratch, "part-aa"), (call.repo / ".device/b", "part-ab")):
+        folder.mkdir(parents=True)
+        (folder / name).write_bytes(name.encode())
+    call.dl.mkdir()
+    assert gpu_call.join_parts([call.scratch / "part-aa", call.repo / ".device/b/part-ab"], tmp_path / "j") == (
+        hashlib.sha256(b"part-aapart-ab").hexdigest())
+    assert not gpu_call.ensure_gguf(call)
+    assert "model.gguf: FAILED (sha256)" in capsys.readouterr().out and not (call.dl / "model.gguf").exists()

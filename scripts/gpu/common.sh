@@ -3,8 +3,9 @@
 # between calls); what a cold machine needs again comes from carried folders (.device/a, .device/b,
 # .whl, .device/state).  Every step logs to $OUT/log.
 # The step logic (set-up, stages until the deadline, resume and cut rules, benchmarks, state and
-# packing, sglang.sh's and recipes.sh's phases, the regeneration servers) is Python: draftlab.run.gpu_step
-# and the modules it names (gpu_call, gpu_stages, gpu_bench, gpu_pack, gpu_sglang, gpu_recipes, gpu_regen);
+# packing, sglang.sh's and recipes.sh's phases, bench_draft.sh's benches, the regeneration servers) is Python:
+# draftlab.run.gpu_step and the modules it names (gpu_call, gpu_stages, gpu_bench, gpu_pack, gpu_sglang,
+# gpu_recipes, gpu_draft_bench, gpu_regen);
 # the functions below call it with this call's deadline (GPU_CALL_T0, GPU_CALL_DEADLINE), so `left`
 # here and there agree.
 set -uo pipefail

@@ -6,6 +6,7 @@
     train_offline              offline hidden states: precompute time, shard bytes, train tok/s
     train_shapes               training tok/s by batch-length rounding and attention kernel (SHAPE_VARIANTS)
 Each command is bounded by its own timeout (as timeout(1): exit 124) and stopped with its children.
+And trace_setup (scripts/gpu/trace_train_setup.sh): where training's set-up goes, OUT/setup_<arch>.txt.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import lzma
 import os
 import shutil
 import subprocess
+import threading
 import time
+from datetime import datetime, timezone
 
+from draftlab.run import gpu_call
 from draftlab.run.gpu_call import Call, until, unxz
 from draftlab.run.gpu_steps import merge_json, offline_summary, stage_done
 
@@ -143,3 +147,50 @@ def benches_before(call: Call) -> None:
 
 BENCHES = {"sweep": bench_generate_sweep, "attention": bench_generate_attention, "static": bench_generate_static,
            "offline": bench_train_offline, "shapes": bench_train_shapes}
+
+
+TRACE_ARCHS = ("eagle3", "eagle1")  # side by side, as notebook 04 trains them
+
+
+def sample_top(path, every: float, stop: threading.Event) -> None:
+    """`top`'s first 20 lines, stamped, appended to `path` every `every` s until `stop` is set."""
+    while not stop.wait(every):
+        try:
+            top = subprocess.run(["top", "-bn1"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            top = f"top: {exc}\n"
+        with open(path, "a") as f:
+            f.write(f"{datetime.now(timezone.utc):%H:%M:%S}\n{''.join(top.splitlines(True)[:20])}")
+
+
+def trace_setup(call: Call, limit: float = 400, top_every: float = 30.0, setup=gpu_call.ensure_all) -> int:
+    """benchmarks/trace_train_setup.py for both archs at once, each stopped after `limit` s (or at the
+    deadline), with `top` sampled meanwhile: OUT/setup_<arch>.txt and .log, OUT/top.log; their set-up lines."""
+    if not setup(call):
+        call.say("FAILED: set-up")
+        return 1
+    call.say(f"{os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_top, args=(call.out / "top.log", top_every, stop), daemon=True)
+    sampler.start()
+    end, rcs = min(time.time() + limit, call.deadline), {}
+
+    def trace(arch: str) -> None:
+        with open(call.out / f"setup_{arch}.log", "wb") as log:
+            rcs[arch] = until([call.python, "benchmarks/trace_train_setup.py", call.run, arch,
+                               call.out / f"setup_{arch}.txt"], end, stdout=log, stderr=subprocess.STDOUT,
+                              cwd=call.repo)
+
+    traces = [threading.Thread(target=trace, args=(arch,)) for arch in TRACE_ARCHS]
+    for t in traces:
+        t.start()
+    for t in traces:
+        t.join()
+    stop.set()
+    sampler.join()
+    for arch in TRACE_ARCHS:
+        lines = (call.out / f"setup_{arch}.log").read_text(errors="replace").splitlines()
+        print("".join(f"{line}\n" for line in lines if "set-up" in line), end="", flush=True)
+        call.say(f"{arch}: exit {rcs.get(arch)}")
+    call.say("done")
+    return 0

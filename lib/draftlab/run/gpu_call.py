@@ -148,6 +148,18 @@ def until(argv, deadline: float, *, quiet: bool = False, on_line=None, **popen_k
     return CUT if rc is None else rc
 
 
+def join_parts(parts, dst: Path) -> str:
+    """A file carried in parts (a call carries at most 64 MiB), joined in the order given: its sha256."""
+    digest = hashlib.sha256()
+    with open(dst, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+    return digest.hexdigest()
+
+
 def unxz(src: Path, dst: Path) -> None:
     """A file carried or tracked .xz-compressed, unpacked."""
     with lzma.open(src) as f, open(dst, "wb") as out:
@@ -185,14 +197,7 @@ def ensure_gguf(call: Call) -> bool:
         call.say("ERROR: the target GGUF is not here: run step A (carry .device/a) then step B "
                  "(carry .device/b .whl) back to back")
         return False
-    digest = hashlib.sha256()
-    with open(gguf, "wb") as out:
-        for part in (aa, ab):
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-                    out.write(chunk)
-    if digest.hexdigest() != EMBEDDED_SHA256:
+    if join_parts([aa, ab], gguf) != EMBEDDED_SHA256:
         print("model.gguf: FAILED (sha256)", flush=True)
         gguf.unlink()
         return False

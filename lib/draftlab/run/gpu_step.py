@@ -13,11 +13,14 @@ that scripts/gpu/common.sh's functions call.
     python3 -m draftlab.run.gpu_step bench generate NAME CACHE SIZES
     python3 -m draftlab.run.gpu_step sglang [PHASE]      sglang.sh's phases (draftlab.run.gpu_sglang; PHASE env)
     python3 -m draftlab.run.gpu_step recipes [PHASE]     recipes.sh's phases (draftlab.run.gpu_recipes; PHASE env)
+    python3 -m draftlab.run.gpu_step draft-benches       bench_draft.sh's call (draftlab.run.gpu_draft_bench)
+    python3 -m draftlab.run.gpu_step trace-setup [--limit S]   trace_train_setup.sh (gpu_bench.trace_setup)
     python3 -m draftlab.run.gpu_step regen-servers [--k K --n N --concurrency C --mem F --full|--no-full]
     python3 -m draftlab.run.gpu_step regen-feed [--n N --c C]       the regeneration measurements (gpu_regen)
 Knobs: the environment as draftlab.run.gpu_call reads it (OUT, DL, SITE, SCRATCH, PROFILE, BUDGET_S,
 STAGES, P<NN>); BENCHES=1 adds the benchmarks of issues 4 and 5; ATTN_CHECK=0 skips the cuDNN check;
-regen-servers reads K, N, CONCURRENCY, MEM, FULL and regen-feed N, C as their scripts did.
+regen-servers reads K, N, CONCURRENCY, MEM, FULL, regen-feed N, C, draft-benches SAMPLES, MIN_LEFT,
+BENCH and trace-setup LIMIT as their scripts did.
 The options win over the environment.
 """
 
@@ -27,7 +30,7 @@ import argparse
 import os
 import sys
 
-from draftlab.run import gpu_bench, gpu_call, gpu_pack, gpu_recipes, gpu_regen, gpu_sglang, gpu_stages
+from draftlab.run import gpu_bench, gpu_call, gpu_draft_bench, gpu_pack, gpu_recipes, gpu_regen, gpu_sglang, gpu_stages
 from draftlab.run.gpu_call import Call
 
 DONE, AGAIN, FAILED = 0, 3, 1  # step's exit codes
@@ -103,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
     s = sub.add_parser("recipes", parents=[common], help="a phase of scripts/gpu/recipes.sh")
     s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
+    sub.add_parser("draft-benches", parents=[common], help="scripts/gpu/bench_draft.sh")
+    s = sub.add_parser("trace-setup", parents=[common], help="scripts/gpu/trace_train_setup.sh")
+    s.add_argument("--limit", type=float, default=float(env("LIMIT") or 400), help="each arch's s (LIMIT, else 400)")
     s = sub.add_parser("regen-servers", parents=[common], help="scripts/gpu/regen_servers.sh")
     s.add_argument("--k", type=int, default=int(env("K") or 4), help="servers (default: K, else 4)")
     s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
@@ -144,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_sglang.run_phase(call, args.phase)
     if args.command == "recipes":
         return gpu_recipes.run_phase(call, args.phase)
+    if args.command == "draft-benches":
+        return gpu_draft_bench.run(call)
+    if args.command == "trace-setup":
+        return gpu_bench.trace_setup(call, limit=args.limit)
     if args.command == "regen-servers":
         return gpu_regen.regen_servers(call, k=args.k, n=args.n, concurrency=args.concurrency, mem=args.mem,
                                        full=args.full)
