@@ -203,15 +203,22 @@ HOLDS_CARGO = pytest.mark.skipif(any((ROOT / ".device" / "cargo").glob("c*/chunk
                                  reason="this checkout holds packed cargo: receiving it would link its folders in")
 
 
-@HOLDS_CARGO
-def test_sglang_sh_phases_exit_codes(tmp_path):
+def wrapper_stash_log(script: str, tmp_path) -> str:
+    """A thin scripts/gpu wrapper: PHASE=stash takes no cargo and exits 0, an unknown phase exits 2.
+    Returns the stash call's log for the script's own checks."""
     env = {"CARGO_HOLD": str(tmp_path / "cargo")}
-    out = bash("PHASE=stash bash scripts/gpu/sglang.sh; echo rc=$?", tmp_path, **env)
-    log = out.stdout + out.stderr
-    assert "cargo: no chunk here yet" in log and "phase stash; bundle parts staged:" in log and "rc=0" in log, log
-    out = bash("PHASE=bogus bash scripts/gpu/sglang.sh; echo rc=$?", tmp_path, **env)
+    out = bash(f"PHASE=stash bash scripts/gpu/{script}; echo rc=$?", tmp_path, **env)
+    stash = out.stdout + out.stderr
+    assert "cargo: no chunk here yet" in stash and "rc=0" in stash, stash
+    out = bash(f"PHASE=bogus bash scripts/gpu/{script}; echo rc=$?", tmp_path, **env)
     log = out.stdout + out.stderr
     assert "unknown PHASE bogus" in log and "rc=2" in log, log
+    return stash
+
+
+@HOLDS_CARGO
+def test_sglang_sh_phases_exit_codes(tmp_path):
+    assert "phase stash; bundle parts staged:" in wrapper_stash_log("sglang.sh", tmp_path)
 
 
 def test_train_in_background_outlives_its_call_and_the_next_call_waits_for_it(call, tmp_path, monkeypatch):
