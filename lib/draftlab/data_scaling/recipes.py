@@ -12,7 +12,6 @@ prompt ids (draftlab.benchmark_acceptance.sglang_live); `table` joins both into 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.process import run_until
 from draftlab.core.records import read_jsonl
+from draftlab.train_draft import TrainConfig, child_env, cli_args
 
 # The reference run's 04 settings (results/reference/params.yaml; tests/test_recipes.py keeps them equal).
 BASE = {"epochs": 5.0, "draft_vocab_size": 16000, "lr": 5e-4, "max_len": 2048, "batch_tokens": 16384,
@@ -54,12 +54,10 @@ def recipe(row: str) -> dict:
 
 def train_command(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> list[str]:
     """`draftlab train` for one row, resumable and exporting its draft to OUT/<row>/draft at the end."""
-    settings = {**recipe(row), "train_file": train_file, "val_file": val_file, "out_dir": str(out / row / "train"),
-                "target": target, **extra}
-    argv = [sys.executable, "-m", "draftlab.cli", "train", "--resume", "--export", str(out / row / "draft")]
-    for key, value in settings.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv
+    cfg = TrainConfig.from_dict({**recipe(row), "train_file": train_file, "val_file": val_file,
+                                 "out_dir": str(out / row / "train"), "target": target, **extra})
+    return [sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=True), "--export",
+            str(out / row / "draft")]
 
 
 def trained(out: Path, row: str) -> bool:
@@ -77,10 +75,7 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
     status = {r: "done" for r in rows if r not in todo}
     deadline = deadline or float("inf")
 
-    # each child's CPU threads: a share of the cores (16 threads each in 4 children tokenised 21.6K rows
-    # at ~56 conv/s each on the H200 machine, 2026-12-01)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
-                                                                                        // max(1, parallel))))}
+    env = child_env(max(1, parallel))  # each child's CPU threads: a share of the cores
 
     def one(row: str) -> str:
         (out / row).mkdir(parents=True, exist_ok=True)

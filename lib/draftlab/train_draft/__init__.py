@@ -35,3 +35,7 @@ from draftlab.train_draft.objective import (  # noqa: F401
     plan_epoch,
     targets_at,
 )
+from draftlab.train_draft.parallel import (  # noqa: F401
+    child_env,
+    cli_args,
+)
