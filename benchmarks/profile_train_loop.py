@@ -55,9 +55,11 @@ def main() -> int:
     sub = argparse.ArgumentParser().add_subparsers()
     cfg = config_from_args(add_train_parser(sub).parse_args(train_argv + ["--out-dir", str(args.out_dir / "run")]))
     run = TrainingRun(cfg)
-    for phase in (run.check, run.setup_device, run.load_target, run.load_data, run.build_draft, run.hidden_states,
-                  run.build_optimizer, run.restore):
-        phase()
+    run.setup()
+    need = args.warm + 2 * args.steps
+    if run.total_steps - run.step < need:
+        raise SystemExit(f"{cfg.train_file}: the plan has {run.total_steps - run.step} steps, the profile needs {need} "
+                         "(--warm + 2 x --steps); raise --epochs or give more data")
     run.t2d, run.dids, run.tok_seen = run.draft.t2d, run.draft.draft_ids(), 0
     run.draft.train()
     timed_steps(run, args.warm)

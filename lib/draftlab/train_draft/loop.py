@@ -73,6 +73,12 @@ class TrainingRun:
         self._mark = time.time()
 
     def run(self) -> dict:
+        self.setup()
+        self.loop()
+        return self.finish()
+
+    def setup(self) -> None:
+        """Every phase before the step loop, in order (a profiler of the loop calls this too)."""
         self.check()
         self.setup_device()
         self.load_target()
@@ -83,8 +89,6 @@ class TrainingRun:
         self.restore()
         self._phase_done("rest")
         self.report_setup()
-        self.loop()
-        return self.finish()
 
     def _phase_done(self, name: str) -> None:
         self.phases[name], self._mark = time.time() - self._mark, time.time()
