@@ -127,7 +127,7 @@ def test_regen_feed_one_client_then_two_on_halves(call, rows_xz, tmp_path, monke
 def test_side_by_side_through_the_server_records_its_rows_and_wall(call, rows_xz):
     """sglang.sh's regen phase: the first n train rows through the server 03 used."""
     (call.run / "data/blend").mkdir(parents=True)
-    gpu_regen.unpack_rows(rows_xz, call.run / "data/blend/train.jsonl")
+    gpu_regen.copy_rows(rows_xz, call.run / "data/blend/train.jsonl")
     with FakeOpenAIProcess(delay=0.01) as srv:
         res = gpu_regen.side_by_side(call, "sglang", 5, srv.base_url, concurrency=4)
     assert res["rows"] == 5 and res["sglang"]["summary"]["rows_done"] == 5 and res["sglang"]["wall_s"] > 0

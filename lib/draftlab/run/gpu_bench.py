@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 
 from draftlab.run import gpu_call
-from draftlab.run.gpu_call import Call, until, unxz
+from draftlab.run.gpu_call import Call, until, unxz, written
 from draftlab.run.gpu_steps import merge_json, offline_summary, stage_done
 
 PROGRESS_WORDS = ("it/s", "step/s", "conv/s")  # progress lines left out of the log
@@ -36,8 +36,7 @@ def bounded(argv: list[str], seconds: float, **popen_kwargs) -> int:
 
 
 def bench_done(call: Call, name: str) -> bool:
-    path = call.run / "bench" / f"{name}.json"
-    return path.is_file() and path.stat().st_size > 0
+    return written(call.run / "bench" / f"{name}.json")
 
 
 def bench_generate(call: Call, name: str, cache: str, sizes: str, env: dict | None = None) -> int:

@@ -160,6 +160,11 @@ def join_parts(parts, dst: Path) -> str:
     return digest.hexdigest()
 
 
+def written(path: Path) -> bool:
+    """A result file that a finished step wrote: there and not empty (a cut step leaves none or an empty one)."""
+    return path.is_file() and path.stat().st_size > 0
+
+
 def unxz(src: Path, dst: Path) -> None:
     """A file carried or tracked .xz-compressed, unpacked."""
     with lzma.open(src) as f, open(dst, "wb") as out:

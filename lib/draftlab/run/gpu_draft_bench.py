@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftlab.run import gpu_call
-from draftlab.run.gpu_call import CUT, Call, join_parts, until
+from draftlab.run.gpu_call import CUT, Call, join_parts, until, written
 
 DONE, AGAIN, FAILED = 0, 3, 1
 # in priority order: the graphed prefill (default) against the eager one, same draft, same prompts
@@ -110,8 +110,7 @@ def unpack(call: Call) -> str | None:
 
 
 def done(call: Call, name: str) -> bool:
-    path = call.out / f"{name}.json"
-    return path.is_file() and path.stat().st_size > 0
+    return written(call.out / f"{name}.json")
 
 
 def bench(call: Call, knobs: Knobs, name: str, args: list[str]) -> int:

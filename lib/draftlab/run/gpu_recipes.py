@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftlab.run import gpu_call, gpu_pack, gpu_sglang
-from draftlab.run.gpu_call import CUT, Call, until, unxz
+from draftlab.run.gpu_call import CUT, Call, until, unxz, written
 
 DONE, AGAIN, FAILED = 0, 3, 1
 SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
@@ -105,7 +105,7 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
     try:
         for split in SPLITS:
             dst = data / f"{Path(split).name}.jsonl"
-            if not (dst.is_file() and dst.stat().st_size):
+            if not written(dst):
                 tmp = dst.with_name(dst.name + ".tmp")
                 unxz(call.repo / "results/reference" / f"{split}.jsonl.xz", tmp)
                 tmp.replace(dst)

@@ -99,24 +99,16 @@ def over(urls, model: Path, concurrency: int) -> list[str]:
             *SERVER_CLIENT]
 
 
-def unpack_rows(src: Path, dst: Path, n: int | None = None) -> int:
-    """The first n rows (all: None) of an .xz JSONL into dst; how many were written."""
+def copy_rows(src: Path, dst: Path, n: int | None = None) -> int:
+    """The first n rows (all: None) of a JSONL file, .xz-compressed or not, into dst; how many were written."""
     count = 0
-    with lzma.open(src, "rt") as f, open(dst, "w") as out:
+    with (lzma.open(src, "rt") if src.suffix == ".xz" else open(src)) as f, open(dst, "w") as out:
         for line in f:
             if n is not None and count >= n:
                 break
             out.write(line)
             count += 1
     return count
-
-
-def first_rows(src: Path, dst: Path, n: int) -> None:
-    with open(src) as f, open(dst, "w") as out:
-        for i, line in enumerate(f):
-            if i >= n:
-                break
-            out.write(line)
 
 
 def read_summary(path: Path):
@@ -134,7 +126,7 @@ def side_by_side(call: Call, which: str, n: int, url: str | None = None, concurr
     d = call.dl / "side"
     d.mkdir(parents=True, exist_ok=True)
     (call.run / "bench").mkdir(parents=True, exist_ok=True)
-    first_rows(call.run / "data/blend/train.jsonl", d / "rows.jsonl", n)
+    copy_rows(call.run / "data/blend/train.jsonl", d / "rows.jsonl", n)
     shutil.rmtree(d / which, ignore_errors=True)
     sampling = ("--max-tokens", _env("MAX_TOKENS", 256), *SAMPLING)
     if which == "sglang":
@@ -166,7 +158,7 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     rows = d / "rows.jsonl"
-    total = unpack_rows(rows_xz or call.repo / REGEN_ROWS, rows, n)
+    total = copy_rows(rows_xz or call.repo / REGEN_ROWS, rows, n)
     lines = rows.read_text().splitlines(keepends=True)
     (d / "half1.jsonl").write_text("".join(lines[: n // 2]))
     (d / "half2.jsonl").write_text("".join(lines[n // 2:]))
@@ -218,8 +210,8 @@ def regen_servers(call: Call, *, k: int = 4, n: int = 4096, concurrency: int = 5
     d = call.dl / "servers"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    unpack_rows(rows_xz or call.repo / REGEN_ROWS, d / "train.jsonl")
-    first_rows(d / "train.jsonl", d / "rows.jsonl", n)
+    copy_rows(rows_xz or call.repo / REGEN_ROWS, d / "train.jsonl")
+    copy_rows(d / "train.jsonl", d / "rows.jsonl", n)
     res = {"concurrency_per_server": concurrency, "mem_fraction_static": mem, "max_running_requests": REGEN_RUNNING,
            "cuda_graph_max_bs": REGEN_RUNNING, "runs": {}}
     servers = TargetServers(str(call.model_dir), k, d, prefix=str(call.sglang_prefix), port=port,

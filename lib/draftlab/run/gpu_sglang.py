@@ -35,7 +35,7 @@ from pathlib import Path
 
 from draftlab.core.process import alive
 from draftlab.run import gpu_call, gpu_pack, gpu_regen, gpu_stages
-from draftlab.run.gpu_call import Call, until, unxz
+from draftlab.run.gpu_call import Call, until, unxz, written
 from draftlab.run.gpu_steps import stage_done
 from draftlab.sglang.install import server_env
 
@@ -221,28 +221,24 @@ def specdec(call: Call, knobs: Knobs, out: Path, options: str, **popen_kwargs) -
     return until(argv, call.deadline - 30, **popen_kwargs)
 
 
-def _done(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size > 0
-
-
 def oracle(call: Call, knobs: Knobs) -> None:
     """The engine's oracle runs not done yet, each while 90 s are left."""
     sg = sglang_dir(call)
     for name, options in knobs.oracle_specs():
         final = sg / f"oracle_{name}.json"
-        if _done(final):
+        if written(final):
             continue
         if call.left() < 90:
             call.say(f"oracle {name}: left for the next call ({call.left()} s left)")
             return
         tmp = final.with_name(final.name + ".tmp")
         specdec(call, knobs, tmp, options, quiet=True)
-        if _done(tmp):
+        if written(tmp):
             tmp.replace(final)
 
 
 def oracle_done(call: Call, knobs: Knobs) -> bool:
-    return all(_done(sglang_dir(call) / f"oracle_{name}.json") for name, _ in knobs.oracle_specs())
+    return all(written(sglang_dir(call) / f"oracle_{name}.json") for name, _ in knobs.oracle_specs())
 
 
 def pack_results(call: Call) -> None:
@@ -269,7 +265,7 @@ def oracle_check(call: Call, knobs: Knobs) -> int:
     chk = call.dl / f"check{knobs.samples}"
     (chk / "sglang").mkdir(parents=True, exist_ok=True)
     for name, options in ORACLE_CHECK:
-        if _done(chk / "sglang" / f"oracle_{name}.json"):
+        if written(chk / "sglang" / f"oracle_{name}.json"):
             continue
         with open(chk / f"engine_{name}.log", "wb") as log:
             rc = specdec(call, knobs, chk / "sglang" / f"oracle_{name}.json", options, stdout=log,
@@ -323,7 +319,7 @@ def after(call: Call, knobs: Knobs) -> int:
     if not install_sglang(call):
         return FAILED
     study = sglang_dir(call) / "study"
-    if not _done(study / "summary.csv") or study_missing(study):
+    if not written(study / "summary.csv") or study_missing(study):
         if call.left() < knobs.study_min_s:
             call.say(f"study needs a fresh call ({call.left()} s left)")
             pack_results(call)
