@@ -117,3 +117,29 @@ def test_the_compiled_objective_computes_the_same(tiny_target):
     assert draft.ttt_step_fn is not None
     assert torch.allclose(a, b, rtol=1e-5) and torch.equal(sa[:, [1, 3]], sb[:, [1, 3]])
     assert torch.allclose(ga, gb, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
+    """A run's batches of one and of several rows, trained and then evaluated under no_grad: every
+    frame dynamo meets is compiled. (On the H200 the step needed a ninth graph, past dynamo's
+    default recompile limit of 8, and from then on silently ran eager.)"""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    draft = _draft(tiny_target)
+    objective = TTTObjective(draft, 3, 0.8, compile=True)
+    for grad in (True, False):
+        for b, seq in ((3, 24), (1, 20), (2, 30)):
+            ids = torch.randint(3, tiny_target.vocab_size, (b, seq))
+            valid = torch.ones(b, seq, dtype=torch.bool)
+            aux, last, _ = target_states(tiny_target, ids, valid.long(), tiny_target.capture_layers)
+            targets = targets_at(tiny_target, last, F.pad(valid[:, 1:], (0, 1)), draft.draft_ids(), draft.t2d)
+            with torch.set_grad_enabled(grad):
+                loss, _ = objective(aux, ids, valid, targets)
+            if grad:
+                loss.backward()
+    assert counters["frames"]["total"] == counters["frames"]["ok"], dict(counters["unimplemented"])
+    assert not any("recompile limit" in k for k in counters["unimplemented"])

@@ -154,6 +154,9 @@ def draft_config_for_target(
     return cfg
 
 
+RECOMPILE_LIMIT = 32  # compile_ttt: graphs of the unroll step, 8 expected
+
+
 class Eagle3Attention(nn.Module):
     """Llama attention whose q/k/v take the 2H-wide (embedding, hidden) concatenation."""
 
@@ -390,13 +393,19 @@ class Eagle3Draft(nn.Module):
         x = layer.attn_input(embeds, hidden)  # [B,T,2H]
         cos, sin = self.rotary_emb(x, positions)
         q, k, v = layer.self_attn.qkv(x, cos, sin)
-        keys = k if keys is None else torch.cat([keys, k], dim=2)
-        values = v if values is None else torch.cat([values, v], dim=2)
+        # contiguous from the first step on: later steps then see keys of one layout (one compiled graph)
+        keys = k.contiguous() if keys is None else torch.cat([keys, k], dim=2)
+        values = v.contiguous() if values is None else torch.cat([values, v], dim=2)
         return layer.finish(hidden, layer.self_attn.attend(q, keys, values, mask)), keys, values
 
     def compile_ttt(self) -> None:
         """torch.compile the unroll step (dynamic shapes: batches differ in B and T): its norms, rotary,
-        MLP and masks fused into fewer kernels. Inference (`forward`) is left eager."""
+        MLP and masks fused into fewer kernels. Inference (`forward`) is left eager.
+
+        The step is one graph per (first step or later) x (batch of one or more) x (training or
+        no_grad evaluation): 8, which is dynamo's default recompile limit, past which it silently runs
+        the step eager (seen on the H200, 2026-12-01). So the limit is raised for this process."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.ttt_step_fn = torch.compile(self.ttt_step, dynamic=True)
 
 
