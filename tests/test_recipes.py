@@ -46,7 +46,8 @@ def test_rows_train_resume_after_a_cut_and_export(tmp_path):
 
 
 def test_each_row_gets_its_own_server_and_ports(tmp_path):
-    entries = recipes.row_entries(["base", "fcnorm", "epochs10"], tmp_path, "/m", steps=6, concurrency=16, port=32000)
+    entries = recipes.row_entries(["base", "fcnorm", "epochs10"], tmp_path, "/m", steps=6, concurrency=[1, 16],
+                                  port=32000)
     assert [e.label for e in entries] == ["baseline", "base", "fcnorm", "epochs10"]
     assert entries[0].algorithm is None and all(e.algorithm == "EAGLE3" and e.steps == 6 for e in entries[1:])
     for e, row in zip(entries[1:], ["base", "fcnorm", "epochs10"]):
@@ -59,18 +60,24 @@ def test_each_row_gets_its_own_server_and_ports(tmp_path):
 def test_table_splits_acceptance_by_prompt_set(tmp_path):
     out = tmp_path
     (out / "sglang" / "outputs").mkdir(parents=True)
-    entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=16, port=32000)
+    entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=[1, 16], port=32000)
     sets = {"held_out": [0, 2], "humaneval": [2, 3]}
-    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": sets,
-                                                          "entries": [e.__dict__ for e in entries]}))
     append_jsonl(out / "sglang" / "outputs" / "base.jsonl", [
         {"index": 0, "output_ids": [], "completion_tokens": 30, "spec_verify_ct": 10},
         {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10},
         {"index": 2, "output_ids": [], "completion_tokens": 12, "spec_verify_ct": 6}])
-    append_jsonl(out / "sglang" / "windows.jsonl", [{"label": "baseline", "tokens_per_s": 100.0},
-                                                    {"label": "base", "tokens_per_s": 150.0}])
+    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": sets, "concurrency": [1, 16],
+                                                          "entries": [e.__dict__ for e in entries]}))
+    append_jsonl(out / "sglang" / "windows.jsonl", [
+        {"label": "baseline", "concurrency": 1, "tokens_per_s": 100.0},
+        {"label": "baseline", "concurrency": 16, "tokens_per_s": 1000.0},
+        {"label": "base", "concurrency": 1, "tokens_per_s": 150.0},
+        {"label": "base", "concurrency": 16, "tokens_per_s": 700.0},
+        {"label": "base", "concurrency": 16, "tokens_per_s": 900.0},
+        {"label": "base", "concurrency": 16, "tokens_per_s": 800.0}])
     df = recipes.write_report(out)
     row = df.iloc[0].to_dict()
     assert row["sglang_acceptance_held_out"] == pytest.approx(2.5) and row["sglang_acceptance_humaneval"] == 2.0
-    assert row["sglang_speedup"] == pytest.approx(1.5)
+    assert row["sglang_speedup_c1"] == pytest.approx(1.5) and row["sglang_speedup_c16"] == pytest.approx(0.8)
+    assert row["sglang_tok_s_c16"] == 800.0  # the median of its windows
     assert (out / "recipes.png").is_file() and (out / "table.csv").is_file()

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from draftlab.data_scaling.recipes import (
+    MEASURED_CONCURRENCY,
     ROWS,
     deadline_from,
     measure_rows,
@@ -43,7 +44,8 @@ def add_recipes_parser(subparsers) -> None:
     m.add_argument("--samples", type=int, default=64, help="held-out prompts")
     m.add_argument("--humaneval", type=int, default=32, help="HumanEval prompts after them (0: none)")
     m.add_argument("--steps", type=int, default=6, help="chain length S of every row's server")
-    m.add_argument("--concurrency", type=int, default=16)
+    m.add_argument("--concurrency", default=",".join(map(str, MEASURED_CONCURRENCY)),
+                   help="comma-separated; acceptance per prompt comes from the first")
     m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
     m.add_argument("--budget-s", type=float, default=0)
     m.set_defaults(func=_measure)
@@ -66,9 +68,9 @@ def _train(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval)
     ids = encode_prompts(load_tokenizer(args.model_path), [p["messages"] for p in prompts])
-    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps,
-                 concurrency=args.concurrency, env=server_env(args.prefix) if args.prefix else None,
-                 deadline=deadline_from(args.budget_s))
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps, concurrency=levels,
+                 env=server_env(args.prefix) if args.prefix else None, deadline=deadline_from(args.budget_s))
     return _report(args)
 
 

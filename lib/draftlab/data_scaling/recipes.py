@@ -101,7 +101,7 @@ def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict]
     return prompts + code, {"held_out": range(len(prompts)), "humaneval": range(len(prompts), len(prompts) + len(code))}
 
 
-def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, concurrency: int, port: int,
+def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, concurrency: list[int], port: int,
                 max_running_requests: int = 64, mem_fraction_static: float = 0.9,
                 max_total_tokens: int = 65536) -> list[Entry]:
     """SGLang's plain baseline once, then one chain-S server per row's draft, each on its own ports."""
@@ -110,7 +110,7 @@ def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, conc
     entries = []
     for k, row in enumerate(rows):
         base, chain = study_entries(model_path, str(out / row / "draft"), chain=[steps], main_steps=steps, trees=[],
-                                    concurrency=[concurrency], wrong_flag=False,
+                                    concurrency=list(concurrency), wrong_flag=False,
                                     max_running_requests=max_running_requests, port=port + 2 * k, extra=extra)
         if k == 0:
             entries.append(base)
@@ -119,20 +119,24 @@ def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, conc
     return entries  # ports: row k's servers on port + 2k (+ 1), NCCL on those + 100 (study_entries)
 
 
+MEASURED_CONCURRENCY = (1, 16)  # batch 1 (the speedup goal; acceptance per prompt) and a loaded server
+
+
 def measure_rows(rows: list[str], out: Path, model_path: str, prompt_ids: list[list[int]], sets: dict[str, range], *,
-                 steps: int = 6, concurrency: int = 16, env: dict | None = None, deadline: float | None = None,
-                 port: int = 32000) -> list[str]:
-    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids; OUT/sglang/."""
+                 steps: int = 6, concurrency=MEASURED_CONCURRENCY, env: dict | None = None,
+                 deadline: float | None = None, port: int = 32000) -> list[str]:
+    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids; OUT/sglang/.
+    Per concurrency one unmeasured and one measured window over every prompt; acceptance per prompt
+    comes from the first concurrency's replies (their meta_info)."""
     ready = [r for r in rows if trained(out, r)]
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
     entries = row_entries(ready, out, model_path, steps=steps, concurrency=concurrency, port=port)
     sglang = out / "sglang"
     sglang.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(sglang / "plan.json", {"steps": steps, "concurrency": concurrency, "prompt_ids": prompt_ids,
+    atomic_write_json(sglang / "plan.json", {"steps": steps, "concurrency": list(concurrency), "prompt_ids": prompt_ids,
                                              "sets": {k: [v.start, v.stop] for k, v in sets.items()},
                                              "entries": [e.__dict__ for e in entries]}, indent=1)
-    # one window at `concurrency` over every prompt: acceptance per request comes back in meta_info
     return measure(entries, prompt_ids, sglang, repeats=1, warmup=1, env=env, deadline=deadline,
                    samples=len(prompt_ids))
 
@@ -144,13 +148,24 @@ def _acceptance(replies: list[dict], indices: range) -> float | None:
     return sum(r["completion_tokens"] for r in picked) / verify if verify else None
 
 
+def _tok_s(windows: list[dict]) -> dict[tuple[str, int], float]:
+    """(label, concurrency) -> the median tok/s of its measured windows."""
+    by = {}
+    for w in windows:
+        by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(w["tokens_per_s"])
+    return {k: float(pd.Series(v).median()) for k, v in by.items()}
+
+
 def table(out: Path) -> pd.DataFrame:
-    """One line per row: the change, SGLang acceptance per prompt set, tok/s, training minutes and rate,
-    and the validation's simulated acceptance (from the row's own training summary)."""
+    """One line per row: the change, SGLang acceptance per prompt set, tok/s and the speedup over SGLang's
+    own baseline per concurrency, training minutes and rate, and the validation's simulated acceptance
+    (from the row's own training summary)."""
     sglang = out / "sglang"
     plan = json.loads((sglang / "plan.json").read_text())
     sets = {k: range(*v) for k, v in plan["sets"].items()}
-    windows = {w["label"]: w for w in read_windows(sglang)} if (sglang / "windows.jsonl").is_file() else {}
+    levels = plan.get("concurrency", [])
+    levels = [levels] if isinstance(levels, int) else levels  # a study measured at one concurrency (2026-12-01)
+    tok_s = _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"]]:
         overrides, why = ROWS[row]
@@ -159,8 +174,10 @@ def table(out: Path) -> pd.DataFrame:
         replies = list(read_jsonl(outputs)) if outputs.is_file() else []
         for name, idx in sets.items():
             line[f"sglang_acceptance_{name}"] = _acceptance(replies, idx)
-        w = windows.get(row)
-        line["sglang_tok_s"] = w["tokens_per_s"] if w else None
+        for c in levels:
+            line[f"sglang_tok_s_c{c}"] = tok_s.get((row, c))
+            base = tok_s.get(("baseline", c))
+            line[f"sglang_speedup_c{c}"] = tok_s[(row, c)] / base if base and (row, c) in tok_s else None
         summary = out / row / "train" / "summary.json"
         if summary.is_file():
             s = json.loads(summary.read_text())
@@ -168,11 +185,7 @@ def table(out: Path) -> pd.DataFrame:
                          "val_sim_acceptance": (s.get("eval") or {}).get("sim_accept_len"),
                          "val_acc_0": (s.get("eval") or {}).get("acc_0")})
         lines.append(line)
-    df = pd.DataFrame(lines)
-    base = windows.get("baseline")
-    if base is not None and not df.empty:
-        df["sglang_speedup"] = df["sglang_tok_s"] / base["tokens_per_s"]
-    return df
+    return pd.DataFrame(lines)
 
 
 def plot(df: pd.DataFrame, path: Path, steps: int = 6):

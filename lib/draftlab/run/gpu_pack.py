@@ -1,7 +1,7 @@
 """What a GPU call sends back in OUT: the state a cold machine resumes from, the draft, the packed run.
 
     state-run.tar.xz (or .part-0, .part-1, ... of 15 MiB)   the run without weights or checkpoints
-    draft-eagle3.tar.part-N                                 the exported draft, for analysis here
+    draft-eagle3.tar.part-N                                 the exported draft, for analysis here (send_tree)
     reference.tar.gz, summary.json                          results/reference for the commit
 A call carries at most 64 MiB in and brings files back in parts of 15 MiB.
 """
@@ -85,17 +85,23 @@ def save_state(call: Call) -> int:
     return rc
 
 
+def send_tree(call: Call, parent: Path, name: str, prefix: str) -> int:
+    """parent/name (a path inside parent) as one tar stream in 15 MiB parts, OUT/<prefix>.tar.part-N:
+    how a draft (bf16, ~29 MB) comes back, since one returned file holds at most 16 MiB."""
+    call.out.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(parent), name], stdout=subprocess.PIPE)
+    parts = write_parts(tar.stdout, call.out / f"{prefix}.tar.part-")
+    rc = tar.wait()
+    call.say(f"{prefix}: {len(parts)} parts in {call.out} "
+             f"(here: cat <files_at>/{prefix}.tar.part-* | tar -xf - -C DEST)")
+    return rc
+
+
 def save_draft(call: Call, arch: str = "eagle3") -> int:
-    """The exported draft (bf16, ~29 MB) in 15 MB parts: for analysis here, never committed."""
+    """The run's exported draft: for analysis here, never committed."""
     if not (call.run / "drafts" / arch / "model.safetensors").is_file():
         return 0
-    call.out.mkdir(parents=True, exist_ok=True)
-    tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(call.run / "drafts"), arch], stdout=subprocess.PIPE)
-    parts = write_parts(tar.stdout, call.out / f"draft-{arch}.tar.part-")
-    rc = tar.wait()
-    call.say(f"draft: {len(parts)} parts in {call.out} (here: cat <files_at>/draft-{arch}.tar.part-* | "
-             f"tar -xf - -C .device/drafts)")
-    return rc
+    return send_tree(call, call.run / "drafts", arch, f"draft-{arch}")
 
 
 def pack_reference(call: Call) -> int:

@@ -11,8 +11,10 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head, new_compiled),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), RECIPES_TARGET (embedded;
-tests train the tiny one), PREFIX and the deadline: gpu_call's. The study lives in DL/recipes; every call
-sends back OUT/recipes.tar.gz (no weights, data, token caches or TensorBoard logs); the speed check OUT/speed.json.
+tests train the tiny one), SEND_DRAFTS (rows whose trained drafts come back, comma-separated; a call returns at
+most 8 files and a draft is 2 of them), PREFIX and the deadline: gpu_call's. The study lives in DL/recipes; every
+call sends back OUT/recipes.tar.gz (no weights, data, token caches or TensorBoard logs) and each SEND_DRAFTS row's
+draft as OUT/draft-<row>.tar.part-N (here: cat them | tar -xf - gives <row>/draft/); the speed check OUT/speed.json.
 Exit codes: 0 done, 3 call again, 1 failed, 2 an unknown phase.
 """
 
@@ -57,6 +59,7 @@ class Knobs:
     humaneval: int  # HUMANEVAL
     target: str  # RECIPES_TARGET
     base_draft: Path  # the published draft (carried as .device/drafts/eagle3): row `base`
+    send_drafts: list[str]  # SEND_DRAFTS
 
     @classmethod
     def from_env(cls, call: Call, env=None) -> "Knobs":
@@ -74,7 +77,8 @@ class Knobs:
                    speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
                    train_set=env.get("TRAIN_SET", "").split(), samples=int(get("SAMPLES", 64)),
                    humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
-                   base_draft=call.repo / ".device/drafts/eagle3")
+                   base_draft=call.repo / ".device/drafts/eagle3",
+                   send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r])
 
 
 def study_dir(call: Call) -> Path:
@@ -243,11 +247,17 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
     return outcome(until(argv, call.deadline - 10, quiet=True))
 
 
-def pack(call: Call) -> None:
-    """The study so far without weights, checkpoints, data, token caches or TensorBoard logs: OUT/recipes.tar.gz."""
+def pack(call: Call, knobs: Knobs) -> None:
+    """The study so far without weights, checkpoints, data, token caches or TensorBoard logs: OUT/recipes.tar.gz;
+    and the trained drafts of SEND_DRAFTS, in parts."""
     out = call.out / "recipes.tar.gz"
     gpu_pack.tar_gz_without(study_dir(call), "recipes", out, PACK_EXCLUDES)
     call.say(f"packed {gpu_pack.human(out.stat().st_size)}")
+    for row in knobs.send_drafts:
+        if (study_dir(call) / row / "draft/model.safetensors").is_file():
+            gpu_pack.send_tree(call, study_dir(call), f"{row}/draft", f"draft-{row}")
+        else:
+            call.say(f"SEND_DRAFTS: {row} has no trained draft here")
 
 
 # ---- the phases ----------------------------------------------------------------------------------------------
@@ -262,7 +272,7 @@ def speed(call: Call, knobs: Knobs) -> int:
     tokenize_profile(call, call.out / "tokenize_profile.txt", 40)
     tokenize_profile(call, call.out / "tokenize_profile_after_target.txt", 30, "embedded", "cuda")
     speed_check(call, knobs)
-    pack(call)
+    pack(call, knobs)
     return DONE
 
 
@@ -272,7 +282,7 @@ def train(call: Call, knobs: Knobs) -> int:
     speed_check(call, knobs)
     link_tokens(call, knobs.rows)
     rc = train_rows(call, knobs)
-    pack(call)
+    pack(call, knobs)
     return rc
 
 
@@ -280,7 +290,7 @@ def measure(call: Call, knobs: Knobs) -> int:
     if not (ready(call, knobs) and gpu_sglang.install_sglang(call)):
         return FAILED
     rc = measure_rows(call, knobs)
-    pack(call)
+    pack(call, knobs)
     return rc
 
 
