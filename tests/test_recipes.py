@@ -3,10 +3,12 @@
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 from tests.test_train import write_fixture
 
+from draftlab.benchmark_acceptance.sglang_live import slug
 from draftlab.core.records import append_jsonl
 from draftlab.data_scaling import recipes
 from draftlab.train_draft import TrainConfig
@@ -57,6 +59,22 @@ def test_each_row_gets_its_own_server_and_ports(tmp_path):
     assert len(set(ports)) == len(set(nccl)) == 4 and not set(ports) & set(nccl)
 
 
+def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
+    entries = recipes.row_entries(["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[16, 1], port=32000,
+                                  chain=[1, 3, 6])
+    assert [e.label for e in entries] == ["baseline", "base", "base S1", "base S3", "fcnorm", "fcnorm S1",
+                                          "fcnorm S3"]
+    assert [e.steps for e in entries[1:]] == [6, 1, 3] * 2
+    assert [e.concurrency for e in entries] == [[16, 1], [16, 1], [16], [16], [16, 1], [16], [16]]
+    for e in entries[1:]:
+        assert f"--speculative-num-steps {e.steps} " in e.command
+    ports = [int(e.command.split(flag)[1].split()[0]) for e in entries for flag in ("--port ", "--nccl-port ")]
+    assert len(set(ports)) == len(ports)
+    with pytest.raises(Exception, match="too many servers"):
+        recipes.row_entries(list(recipes.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000,
+                            chain=list(range(1, 8)))
+
+
 def test_table_splits_acceptance_by_prompt_set(tmp_path):
     out = tmp_path
     (out / "sglang" / "outputs").mkdir(parents=True)
@@ -81,3 +99,26 @@ def test_table_splits_acceptance_by_prompt_set(tmp_path):
     assert row["sglang_speedup_c1"] == pytest.approx(1.5) and row["sglang_speedup_c16"] == pytest.approx(0.8)
     assert row["sglang_tok_s_c16"] == 800.0  # the median of its windows
     assert (out / "recipes.png").is_file() and (out / "table.csv").is_file()
+    assert not (out / "acceptance_by_steps.csv").exists()  # one chain length: nothing to plot by S
+
+
+def test_report_by_chain_length(tmp_path):
+    out = tmp_path
+    (out / "sglang" / "outputs").mkdir(parents=True)
+    entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=[16, 1], port=32000, chain=[2, 6])
+    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
+                                                          "concurrency": [16, 1],
+                                                          "entries": [e.__dict__ for e in entries]}))
+    for label, (a, b) in (("base", (30, 12)), ("base S2", (20, 9))):
+        append_jsonl(out / "sglang" / "outputs" / f"{slug(label)}.jsonl", [
+            {"index": 0, "output_ids": [], "completion_tokens": a, "spec_verify_ct": 10},
+            {"index": 1, "output_ids": [], "completion_tokens": b, "spec_verify_ct": 6}])
+    df = recipes.write_report(out)
+    assert list(df["row"]) == ["base"] and df.iloc[0]["sglang_acceptance_held_out"] == 3.0
+    by_steps = pd.read_csv(out / "acceptance_by_steps.csv")
+    assert by_steps.to_dict("records") == [
+        {"row": "base", "steps": 2, "set": "held_out", "acceptance": 2.0},
+        {"row": "base", "steps": 2, "set": "humaneval", "acceptance": 1.5},
+        {"row": "base", "steps": 6, "set": "held_out", "acceptance": 3.0},
+        {"row": "base", "steps": 6, "set": "humaneval", "acceptance": 2.0}]
+    assert (out / "recipes_by_steps.png").is_file()

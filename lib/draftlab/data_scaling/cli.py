@@ -43,7 +43,8 @@ def add_recipes_parser(subparsers) -> None:
     m.add_argument("--held-out", required=True, help="the blend's held-out split (canonical JSONL)")
     m.add_argument("--samples", type=int, default=64, help="held-out prompts")
     m.add_argument("--humaneval", type=int, default=32, help="HumanEval prompts after them (0: none)")
-    m.add_argument("--steps", type=int, default=6, help="chain length S of every row's server")
+    m.add_argument("--steps", type=int, default=6, help="chain length S of every row's main server")
+    m.add_argument("--chain", default="", help="more chain lengths S, a server each per row (e.g. 1,2,3,4,5,6,7)")
     m.add_argument("--concurrency", default=",".join(map(str, MEASURED_CONCURRENCY)),
                    help="comma-separated; acceptance per prompt comes from the first")
     m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
@@ -69,7 +70,8 @@ def _measure(args: argparse.Namespace) -> int:
     prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval)
     ids = encode_prompts(load_tokenizer(args.model_path), [p["messages"] for p in prompts])
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps, concurrency=levels,
+    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps,
+                 chain=[int(s) for s in args.chain.split(",") if s], concurrency=levels,
                  env=server_env(args.prefix) if args.prefix else None, deadline=deadline_from(args.budget_s))
     return _report(args)
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from draftlab.benchmark_acceptance.live import load_eval_set
 from draftlab.benchmark_acceptance.sglang_live import Entry, measure, read_windows, slug
-from draftlab.benchmark_acceptance.sglang_study import DEFAULT_SERVER_FLAGS, study_entries
+from draftlab.benchmark_acceptance.sglang_study import DEFAULT_SERVER_FLAGS, NCCL_PORT_OFFSET, study_entries
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.process import run_until
@@ -102,36 +102,46 @@ def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict]
 
 
 def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, concurrency: list[int], port: int,
-                max_running_requests: int = 64, mem_fraction_static: float = 0.9,
+                chain: list[int] | None = None, max_running_requests: int = 64, mem_fraction_static: float = 0.9,
                 max_total_tokens: int = 65536) -> list[Entry]:
-    """SGLang's plain baseline once, then one chain-S server per row's draft, each on its own ports."""
+    """SGLang's plain baseline once, then for each row's draft one server per chain length S of `chain`
+    (default: `steps` alone), each on ports of its own. The server at `steps` is labelled with the row
+    and measured at every concurrency; the others, '<row> S<s>', at the first concurrency only (their
+    acceptance, from the same kind of window as the main server's)."""
     extra = DEFAULT_SERVER_FLAGS + ("--mem-fraction-static", str(mem_fraction_static),
                                     "--max-total-tokens", str(max_total_tokens))
+    lengths = [steps] + sorted(set(chain or []) - {steps})  # the main server first: the baseline comes with it
+    if 2 * len(rows) * len(lengths) >= NCCL_PORT_OFFSET:
+        raise InputError(f"{len(rows)} rows x {len(lengths)} chain lengths: too many servers for the port plan")
     entries = []
-    for k, row in enumerate(rows):
-        base, chain = study_entries(model_path, str(out / row / "draft"), chain=[steps], main_steps=steps, trees=[],
-                                    concurrency=list(concurrency), wrong_flag=False,
-                                    max_running_requests=max_running_requests, port=port + 2 * k, extra=extra)
+    for k, (row, s) in enumerate((row, s) for row in rows for s in lengths):
+        # two ports a server (study_entries' baseline and chain; NCCL on those + NCCL_PORT_OFFSET)
+        base, server = study_entries(model_path, str(out / row / "draft"), chain=[s], main_steps=s, trees=[],
+                                     concurrency=list(concurrency) if s == steps else list(concurrency[:1]),
+                                     wrong_flag=False, max_running_requests=max_running_requests, port=port + 2 * k,
+                                     extra=extra)
         if k == 0:
             entries.append(base)
-        chain.label = row
-        entries.append(chain)
-    return entries  # ports: row k's servers on port + 2k (+ 1), NCCL on those + 100 (study_entries)
+        server.label = row if s == steps else f"{row} S{s}"
+        entries.append(server)
+    return entries
 
 
-MEASURED_CONCURRENCY = (1, 16)  # batch 1 (the speedup goal; acceptance per prompt) and a loaded server
+# acceptance per prompt from the replies of the first (every server has that window; 16: ~1.5 s for 96
+# prompts), and batch 1 for the speedup goal (the baseline and each row's main server)
+MEASURED_CONCURRENCY = (16, 1)
 
 
 def measure_rows(rows: list[str], out: Path, model_path: str, prompt_ids: list[list[int]], sets: dict[str, range], *,
-                 steps: int = 6, concurrency=MEASURED_CONCURRENCY, env: dict | None = None,
-                 deadline: float | None = None, port: int = 32000) -> list[str]:
-    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids; OUT/sglang/.
-    Per concurrency one unmeasured and one measured window over every prompt; acceptance per prompt
-    comes from the first concurrency's replies (their meta_info)."""
+                 steps: int = 6, chain: list[int] | None = None, concurrency=MEASURED_CONCURRENCY,
+                 env: dict | None = None, deadline: float | None = None, port: int = 32000) -> list[str]:
+    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
+    and each S of `chain`; OUT/sglang/. Per concurrency one unmeasured and one measured window over every
+    prompt; acceptance per prompt comes from the first concurrency's replies (their meta_info)."""
     ready = [r for r in rows if trained(out, r)]
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
-    entries = row_entries(ready, out, model_path, steps=steps, concurrency=concurrency, port=port)
+    entries = row_entries(ready, out, model_path, steps=steps, concurrency=concurrency, port=port, chain=chain)
     sglang = out / "sglang"
     sglang.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sglang / "plan.json", {"steps": steps, "concurrency": list(concurrency), "prompt_ids": prompt_ids,
@@ -146,6 +156,27 @@ def _acceptance(replies: list[dict], indices: range) -> float | None:
     picked = [r for r in replies if r["index"] in indices and r.get("spec_verify_ct")]
     verify = sum(r["spec_verify_ct"] for r in picked)
     return sum(r["completion_tokens"] for r in picked) / verify if verify else None
+
+
+def _replies(sglang: Path, label: str) -> list[dict]:
+    outputs = sglang / "outputs" / f"{slug(label)}.jsonl"
+    return list(read_jsonl(outputs)) if outputs.is_file() else []
+
+
+def acceptance_by_steps(out: Path) -> pd.DataFrame:
+    """One line per (row, chain S, prompt set): SGLang's acceptance from every server of the study."""
+    plan = json.loads((out / "sglang" / "plan.json").read_text())
+    sets = {k: range(*v) for k, v in plan["sets"].items()}
+    lines = []
+    for e in (e for e in plan["entries"] if e["algorithm"]):
+        replies = _replies(out / "sglang", e["label"])
+        for name, idx in sets.items():
+            lines.append({"row": e["label"].split(" S")[0], "steps": e["steps"], "set": name,
+                          "acceptance": _acceptance(replies, idx)})
+    df = pd.DataFrame(lines, columns=["row", "steps", "set", "acceptance"])
+    order = {row: k for k, row in enumerate(dict.fromkeys(df["row"]))}
+    return df.sort_values(["row", "steps", "set"], key=lambda c: c.map(order) if c.name == "row" else c,
+                          ignore_index=True)
 
 
 def _tok_s(windows: list[dict]) -> dict[tuple[str, int], float]:
@@ -167,11 +198,10 @@ def table(out: Path) -> pd.DataFrame:
     levels = [levels] if isinstance(levels, int) else levels  # a study measured at one concurrency (2026-12-01)
     tok_s = _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
     lines = []
-    for row in [e["label"] for e in plan["entries"] if e["algorithm"]]:
+    for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]
         line = {"row": row, "change": json.dumps(overrides) if overrides else "-", "question": why}
-        outputs = sglang / "outputs" / f"{slug(row)}.jsonl"
-        replies = list(read_jsonl(outputs)) if outputs.is_file() else []
+        replies = _replies(sglang, row)
         for name, idx in sets.items():
             line[f"sglang_acceptance_{name}"] = _acceptance(replies, idx)
         for c in levels:
@@ -210,12 +240,38 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6):
     return path
 
 
+def plot_by_steps(by_steps: pd.DataFrame, path: Path):
+    """Acceptance in SGLang by chain S, one line per row: held-out solid, HumanEval dashed."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (row, group) in enumerate(by_steps.dropna().groupby("row", sort=False)):
+        for name, style in (("held_out", "-"), ("humaneval", "--")):
+            line = group[group["set"] == name].sort_values("steps")
+            if not line.empty:
+                ax.plot(line["steps"], line["acceptance"], style, marker="o", color=f"C{k}",
+                        label=f"{row}, {name.replace('_', '-')}")
+    ax.set_xlabel("chain length S (--speculative-num-steps)")
+    ax.set_ylabel("acceptance length in SGLang")
+    ax.set_title("recipe study: acceptance by chain length (SGLang 0.5.17, one H200)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_report(out: Path) -> pd.DataFrame:
-    """OUT/table.csv and OUT/recipes.png from what OUT holds so far."""
+    """OUT/table.csv and OUT/recipes.png from what OUT holds so far; with more than one chain length,
+    OUT/acceptance_by_steps.csv and OUT/recipes_by_steps.png too."""
     df = table(out)
     df.to_csv(out / "table.csv", index=False)
     if not df.empty:
         plot(df, out / "recipes.png", json.loads((out / "sglang" / "plan.json").read_text())["steps"])
+    by_steps = acceptance_by_steps(out)
+    if by_steps["steps"].nunique() > 1:
+        by_steps.to_csv(out / "acceptance_by_steps.csv", index=False)
+        plot_by_steps(by_steps, out / "recipes_by_steps.png")
     return df
 
 

@@ -10,11 +10,14 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
              every row of ROWS on the held-out split and HumanEval; the report
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head, new_compiled),
-TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), RECIPES_TARGET (embedded;
-tests train the tiny one), SEND_DRAFTS (rows whose trained drafts come back, comma-separated; a call returns at
-most 8 files and a draft is 2 of them), PREFIX and the deadline: gpu_call's. The study lives in DL/recipes; every
-call sends back OUT/recipes.tar.gz (no weights, data, token caches or TensorBoard logs) and each SEND_DRAFTS row's
-draft as OUT/draft-<row>.tar.part-N (here: cat them | tar -xf - gives <row>/draft/); the speed check OUT/speed.json.
+TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
+RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
+1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), SEND_DRAFTS (rows whose
+trained drafts come back, comma-separated; a call returns at most 8 files and a draft is 2 of them),
+PREFIX and the deadline: gpu_call's.
+The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
+or TensorBoard logs) and each SEND_DRAFTS row's draft as OUT/draft-<row>.tar.part-N (here: cat them |
+tar -xf - gives <row>/draft/); the speed check OUT/speed.json.
 Exit codes: 0 done, 3 call again, 1 failed, 2 an unknown phase.
 """
 
@@ -60,6 +63,7 @@ class Knobs:
     target: str  # RECIPES_TARGET
     base_draft: Path  # the published draft (carried as .device/drafts/eagle3): row `base`
     send_drafts: list[str]  # SEND_DRAFTS
+    chain: str  # CHAIN
 
     @classmethod
     def from_env(cls, call: Call, env=None) -> "Knobs":
@@ -78,7 +82,8 @@ class Knobs:
                    train_set=env.get("TRAIN_SET", "").split(), samples=int(get("SAMPLES", 64)),
                    humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
                    base_draft=call.repo / ".device/drafts/eagle3",
-                   send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r])
+                   send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r],
+                   chain=env.get("CHAIN", ""))
 
 
 def study_dir(call: Call) -> Path:
@@ -242,7 +247,8 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
     study = study_dir(call)
     argv = call.cli("recipes", "measure", "--rows", ",".join(["base", *knobs.rows]), "--out", study,
                     "--model-path", call.model_dir, "--held-out", data_dir(call) / "test.jsonl",
-                    "--samples", knobs.samples, "--humaneval", knobs.humaneval, "--prefix", call.sglang_prefix,
+                    "--samples", knobs.samples, "--humaneval", knobs.humaneval, "--chain", knobs.chain,
+                    "--prefix", call.sglang_prefix,
                     "--budget-s", call.left() - 30)
     return outcome(until(argv, call.deadline - 10, quiet=True))
 
