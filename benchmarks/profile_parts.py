@@ -27,7 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftlab.model.capture import default_capture
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.target import Target, autocast
-from draftlab.train_draft import Features, TTTObjective, targets_at
+from draftlab.train_draft import OBJECTIVE_VARIANTS, Features, TTTObjective, targets_at
 
 DEVICE = "cuda"  # --device cpu: a smoke test of this script with the tiny target's config
 
@@ -78,8 +78,6 @@ def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
     return draft.to(DEVICE)
 
 
-# name -> TTTObjective settings: the objective as trained, the head kept for backward, torch.compile'd
-TRAIN_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "compiled": {"compile": True}}
 
 
 def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7,
@@ -100,7 +98,7 @@ def profile_train_shape(target: Target, out: Path, length: int, tokens: int, vd:
     layers = target.capture_layers
     b = tokens // length
     draft = make_draft(target, vd, True)
-    objective = TTTObjective(draft, steps, 0.8, **TRAIN_VARIANTS[variant])
+    objective = TTTObjective(draft, steps, 0.8, **OBJECTIVE_VARIANTS[variant])
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-4)
     ids = torch.randint(0, target.vocab_size, (b, length), device=DEVICE)
     valid = torch.ones(b, length, dtype=torch.bool, device=DEVICE)
@@ -254,7 +252,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--lengths", default="512,1024,2048")
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--variants", default="eager", help=f"training objective variants, of {', '.join(TRAIN_VARIANTS)}")
+    ap.add_argument("--variants", default="eager",
+                    help=f"training objective variants, of {', '.join(OBJECTIVE_VARIANTS)}")
     ap.add_argument("--draft-vocab", type=int, default=16000)
     args = ap.parse_args()
     global DEVICE

@@ -1,6 +1,7 @@
 """The recipe study: its base is the reference run's recipe, rows train (and resume) through
 `draftlab train`, the SGLang plan gives every row its own server, and the table reads per-set acceptance."""
 
+import csv
 import json
 
 import pandas as pd
@@ -45,6 +46,34 @@ def test_rows_train_resume_after_a_cut_and_export(tmp_path):
     assert recipes.train_rows(["base"], str(train_file), str(val_file), out, extra=extra) == {"base": "done"}
     with pytest.raises(Exception, match="recipe row 'nope'"):
         recipes.train_rows(["nope"], str(train_file), str(val_file), out)
+
+
+def test_the_speed_check_times_each_variant_on_the_shared_tokens(tmp_path, capsys):
+    train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
+    out = tmp_path / "study"
+    smoke = {**SMOKE, "epochs": 30.0}  # enough batches for 30 steps
+    res = recipes.check_speed(["eager", "keep_head"], str(train_file), str(val_file), out, target="tiny", steps=30,
+                              extra=smoke)
+    assert set(res) == {"eager", "keep_head", "note"}
+    assert res["eager"]["steps"] == 30 and res["eager"]["tok_s_after_warmup"] > 0
+    assert res["eager"]["loss"] == res["keep_head"]["loss"]  # the same arithmetic (recomputing the head: CUDA only)
+    assert json.loads((out / "speed.json").read_text()) == res
+    assert list((out / "tokens").iterdir()) and not (out / "speed" / "tokens").exists()
+    with pytest.raises(Exception, match="speed variant 'fast': expected one of eager, keep_head, compiled"):
+        recipes.check_speed(["fast"], str(train_file), str(val_file), out, target="tiny")
+
+
+def test_rate_after_warmup_is_the_rate_between_the_first_and_last_logged_rows():
+    rows = [{"step": "10", "tokens_per_s": "100", "elapsed_s": "1", "loss": "3"},
+            {"step": "20", "tokens_per_s": "150", "elapsed_s": "2", "loss": "2"},
+            {"step": "30", "tokens_per_s": "200", "elapsed_s": "3", "loss": "1"}]
+    # 200 tok/s * 3 s - 100 tok/s * 1 s = 500 tokens in the 2 s after the first window
+    assert recipes.rate_after_warmup(rows) == {"steps": 30, "tok_s_after_warmup": 250.0, "tok_s_cumulative": 200.0,
+                                               "loss": 1.0}
+    assert recipes.rate_after_warmup(rows[:2]) is None
+    reference = list(csv.DictReader(open("results/reference/train/train.csv")))
+    rate = recipes.rate_after_warmup(reference)
+    assert rate["steps"] == int(reference[-1]["step"]) and rate["tok_s_after_warmup"] > 0
 
 
 def test_each_row_gets_its_own_server_and_ports(tmp_path):
@@ -122,3 +151,11 @@ def test_report_by_chain_length(tmp_path):
         {"row": "base", "steps": 6, "set": "held_out", "acceptance": 3.0},
         {"row": "base", "steps": 6, "set": "humaneval", "acceptance": 2.0}]
     assert (out / "recipes_by_steps.png").is_file()
+
+
+def test_set_values_take_each_settings_type():
+    assert TrainConfig.from_text([("compile", "true"), ("save_every", "100"), ("lr", "1e-3"), ("device", "cuda"),
+                                  ("recompute_head", "false")]) == {
+        "compile": True, "save_every": 100, "lr": 1e-3, "device": "cuda", "recompute_head": False}
+    with pytest.raises(ValueError, match="unknown training setting 'speed'"):
+        TrainConfig.from_text([("speed", "1")])

@@ -2,8 +2,8 @@
 # Issue 18 on the GPU machine: the recipe study (draftlab recipes; lib/draftlab/data_scaling/recipes.py).
 # Every call first takes the cargo chunk it carried (scripts/gpu/cargo.sh) and runs PHASE:
 #   stash    nothing else (a transfer call: carry .device/cargo/cN)
-#   train    set-up; once per machine the training-speed check (SPEED_STEPS steps of the reference recipe:
-#            the objective of OLDLIB, carried, beside this tree's, with and without recomputing the head);
+#   train    set-up; once per machine the training-speed check (`draftlab recipes speed`: SPEED_STEPS steps
+#            of the reference recipe by each objective variant of SPEED_VARIANTS, e.g. eager and compiled);
 #            then `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline (exit 3: call again)
 #   speed    set-up, benchmarks/tokenize_profile.py on 300 rows, the speed check on SPEED_SAMPLES rows
 #   measure  SGLang from the bundle, then `draftlab recipes measure` of every trained row (and `base`, the

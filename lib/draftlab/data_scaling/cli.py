@@ -8,6 +8,7 @@ from pathlib import Path
 from draftlab.data_scaling.recipes import (
     MEASURED_CONCURRENCY,
     ROWS,
+    check_speed,
     deadline_from,
     measure_rows,
     prompt_sets,
@@ -17,6 +18,7 @@ from draftlab.data_scaling.recipes import (
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
 from draftlab.sglang.install import server_env
+from draftlab.train_draft import OBJECTIVE_VARIANTS, TrainConfig
 
 
 def add_recipes_parser(subparsers) -> None:
@@ -35,6 +37,20 @@ def add_recipes_parser(subparsers) -> None:
     t.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="a TrainConfig setting for every row that does not change the recipe (e.g. save_every 100)")
     t.set_defaults(func=_train)
+
+    s = sub.add_parser("speed", help="the reference recipe by each objective variant for a few steps: OUT/speed.json")
+    s.add_argument("--variants", default="eager,compiled", help=f"comma-separated, of {', '.join(OBJECTIVE_VARIANTS)}")
+    s.add_argument("--train-file", required=True)
+    s.add_argument("--val-file", required=True)
+    s.add_argument("--out", required=True, help="the study folder: OUT/speed/<variant>, OUT/speed.json")
+    s.add_argument("--target", default="embedded")
+    s.add_argument("--steps", type=int, default=30, help="steps per variant (rates from the 2nd logged window on)")
+    s.add_argument("--samples", type=int, default=0, help="training conversations at most (0: all)")
+    s.add_argument("--per-variant-s", type=float, default=240, help="each variant's run at most")
+    s.add_argument("--budget-s", type=float, default=0)
+    s.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="a TrainConfig setting for every variant (e.g. device cuda)")
+    s.set_defaults(func=_speed)
 
     m = sub.add_parser("measure", help="every trained row's draft and SGLang's baseline, on the same prompt ids")
     m.add_argument("--rows", required=True, help=rows_help)
@@ -62,8 +78,16 @@ def _rows(text: str) -> list[str]:
 
 def _train(args: argparse.Namespace) -> int:
     status = train_rows(_rows(args.rows), args.train_file, args.val_file, Path(args.out), target=args.target,
-                        parallel=args.parallel, deadline=deadline_from(args.budget_s), extra=dict(args.set))
+                        parallel=args.parallel, deadline=deadline_from(args.budget_s),
+                        extra=TrainConfig.from_text(args.set))
     return 0 if all(v == "done" for v in status.values()) else 3 if "cut" in status.values() else 1
+
+
+def _speed(args: argparse.Namespace) -> int:
+    res = check_speed(_rows(args.variants), args.train_file, args.val_file, Path(args.out), target=args.target,
+                      steps=args.steps, samples=args.samples, per_variant_s=args.per_variant_s,
+                      deadline=deadline_from(args.budget_s), extra=TrainConfig.from_text(args.set))
+    return 0 if len(res) > 1 else 1
 
 
 def _measure(args: argparse.Namespace) -> int:

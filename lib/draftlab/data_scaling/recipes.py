@@ -11,7 +11,9 @@ prompt ids (draftlab.benchmark_acceptance.sglang_live); `table` joins both into 
 
 from __future__ import annotations
 
+import csv
 import json
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,7 @@ from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.process import run_until
 from draftlab.core.records import read_jsonl
-from draftlab.train_draft import TrainConfig, child_env, cli_args
+from draftlab.train_draft import OBJECTIVE_VARIANTS, TrainConfig, child_env, cli_args, tokenize_first
 
 # The reference run's 04 settings (results/reference/params.yaml; tests/test_recipes.py keeps them equal).
 BASE = {"epochs": 5.0, "draft_vocab_size": 16000, "lr": 5e-4, "max_len": 2048, "batch_tokens": 16384,
@@ -52,10 +54,15 @@ def recipe(row: str) -> dict:
     return {**BASE, **ROWS[row][0]}
 
 
-def train_command(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> list[str]:
+def row_config(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> TrainConfig:
+    """One row's TrainConfig: its recipe, training into OUT/<row>/train, with every row's tokens in OUT/tokens."""
+    return TrainConfig.from_dict({**recipe(row), "train_file": train_file, "val_file": val_file,
+                                  "out_dir": str(out / row / "train"), "target": target,
+                                  "token_cache": str(out / "tokens"), **extra})
+
+
+def train_command(row: str, cfg: TrainConfig, out: Path) -> list[str]:
     """`draftlab train` for one row, resumable and exporting its draft to OUT/<row>/draft at the end."""
-    cfg = TrainConfig.from_dict({**recipe(row), "train_file": train_file, "val_file": val_file,
-                                 "out_dir": str(out / row / "train"), "target": target, **extra})
     return [sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=True), "--export",
             str(out / row / "draft")]
 
@@ -68,20 +75,21 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
                parallel: int = 1, deadline: float | None = None, extra: dict | None = None) -> dict[str, str]:
     """Train the rows not trained yet, `parallel` at a time, each until it ends or `deadline`
     (time.time()); a row cut at the deadline resumes from its checkpoint on the next call.
-    Returns {row: "done" | "cut" | "failed (exit N)"}; logs in OUT/<row>/train.log."""
-    for row in rows:
-        recipe(row)  # unknown rows fail before anything starts
+    Returns {row: "done" | "cut" | "failed (exit N)"}; logs in OUT/<row>/train.log. The rows' shared
+    token cache (OUT/tokens) is filled here first, so that rows started together only read it."""
+    cfgs = {row: row_config(row, train_file, val_file, out, target, extra or {}) for row in rows}  # unknown: fail now
     todo = [r for r in rows if not trained(out, r)]
     status = {r: "done" for r in rows if r not in todo}
     deadline = deadline or float("inf")
+    if todo:
+        tokenize_first([cfgs[r] for r in todo])
 
     env = child_env(max(1, parallel))  # each child's CPU threads: a share of the cores
 
     def one(row: str) -> str:
         (out / row).mkdir(parents=True, exist_ok=True)
         with open(out / row / "train.log", "a") as log:
-            rc = run_until(train_command(row, train_file, val_file, out, target, extra or {}), deadline,
-                           stdout=log, stderr=log, env=env)
+            rc = run_until(train_command(row, cfgs[row], out), deadline, stdout=log, stderr=log, env=env)
         return "cut" if rc is None else "done" if rc == 0 and trained(out, row) else f"failed (exit {rc})"
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
@@ -90,6 +98,61 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
             print(f"recipe row {row}: {result}", flush=True)
     atomic_write_json(out / "train_status.json", status, indent=1)
     return status
+
+
+# ---- the training-speed check ------------------------------------------------------------------------
+SPEED_NOTE = ("draftlab train, the reference recipe (recipes.BASE), the study's regenerated data, one process "
+              "each, one after the other")
+
+
+def speed_config(variant: str, train_file: str, val_file: str, out: Path, target: str, steps: int, samples: int,
+                 extra: dict) -> TrainConfig:
+    """The reference recipe for `steps` steps by one objective variant (OBJECTIVE_VARIANTS), in OUT/speed/<variant>."""
+    if variant not in OBJECTIVE_VARIANTS:
+        raise InputError(f"speed variant {variant!r}: expected one of {', '.join(OBJECTIVE_VARIANTS)}")
+    return TrainConfig.from_dict({**recipe("base"), "train_file": train_file, "val_file": val_file,
+                                  "out_dir": str(out / "speed" / variant), "target": target,
+                                  "token_cache": str(out / "tokens"), "stop_after": steps,
+                                  "max_train_samples": samples, "log_every": 10, "save_every": 10**6,
+                                  **OBJECTIVE_VARIANTS[variant], **extra})
+
+
+def rate_after_warmup(rows: list[dict]) -> dict | None:
+    """tok/s between the first and the last logged rows of a train.csv (the first window is warm-up);
+    None with fewer than three rows. Each row's tokens_per_s is cumulative since the start."""
+    if len(rows) < 3:
+        return None
+    a, b = rows[0], rows[-1]
+    ta, tb = float(a["elapsed_s"]), float(b["elapsed_s"])
+    tokens = float(b["tokens_per_s"]) * tb - float(a["tokens_per_s"]) * ta
+    return {"steps": int(b["step"]), "tok_s_after_warmup": tokens / (tb - ta),
+            "tok_s_cumulative": float(b["tokens_per_s"]), "loss": float(b["loss"])}
+
+
+def check_speed(variants: list[str], train_file: str, val_file: str, out: Path, *, target: str = "embedded",
+                steps: int = 30, samples: int = 0, per_variant_s: float = 240, deadline: float | None = None,
+                extra: dict | None = None) -> dict:
+    """Each objective variant trains the reference recipe for `steps` steps, one after the other on the
+    tokens every row shares; their rates after the first logged window (and the loss there, which should
+    agree) in OUT/speed.json. Why: which implementation the study's rows should train with."""
+    cfgs = {v: speed_config(v, train_file, val_file, out, target, steps, samples, extra or {}) for v in variants}
+    tokenize_first(list(cfgs.values()))
+    deadline = deadline or float("inf")
+    res = {}
+    for variant, cfg in cfgs.items():
+        shutil.rmtree(cfg.out_dir, ignore_errors=True)
+        Path(cfg.out_dir).mkdir(parents=True)
+        with open(out / "speed" / f"{variant}.log", "wb") as log:
+            rc = run_until([sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=False)],
+                           min(time.time() + per_variant_s, deadline), stdout=log, stderr=log, env=child_env(1))
+        log_csv = Path(cfg.out_dir) / "train.csv"
+        rate = rate_after_warmup(list(csv.DictReader(open(log_csv)))) if log_csv.is_file() else None
+        print(f"speed {variant}: exit {'cut' if rc is None else rc}, {rate}", flush=True)
+        if rate:
+            res[variant] = rate
+    res["note"] = SPEED_NOTE
+    atomic_write_json(out / "speed.json", res, indent=1)
+    return res
 
 
 def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict], dict[str, range]]:

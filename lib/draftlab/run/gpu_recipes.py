@@ -2,14 +2,15 @@
 measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child processes.
 
     stash    nothing else (a transfer call: recipes.sh took the cargo chunk and the bundle parts)
-    train    set-up and the study's data; once per machine the training-speed check; then
-             `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline (3: call again)
+    train    set-up and the study's data; once per machine the training-speed check (`draftlab recipes
+             speed`); then `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline
+             (3: call again)
     speed    set-up and data, benchmarks/tokenize_profile.py on 300 rows (OUT/tokenize_profile*.txt),
              the speed check on SPEED_SAMPLES rows
     measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
-SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("new old"; also new_keep_head, new_compiled),
+SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), SEND_DRAFTS (rows whose
@@ -23,7 +24,6 @@ Exit codes: 0 done, 3 call again, 1 failed, 2 an unknown phase.
 
 from __future__ import annotations
 
-import csv
 import json
 import lzma
 import os
@@ -38,14 +38,8 @@ from draftlab.run.gpu_call import CUT, Call, until, unxz, written
 DONE, AGAIN, FAILED = 0, 3, 1
 SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
-# variant -> `draftlab train` flags: the objective of OLDLIB (carried), this tree's, this tree's without
-# recomputing the head, and this tree's torch.compile'd
-SPEED_VARIANTS = {"old": [], "new": [], "new_keep_head": ["--recompute-head", "false"],
-                  "new_compiled": ["--compile", "true"]}
-SPEED_NOTE = ("draftlab train, reference recipe (16K vocab, 16,384-token batches, TTT 7), real regenerated data, "
-              "one process each, H200")
-SPEED_CHILD_S = 240  # each speed-check run at most (recipes.sh's `timeout 240`)
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
+SPEED_MIN_S = 120  # the speed check starts only with this much of the call left (the tokenising, ~30 s for 21.6K rows)
 
 
 @dataclass
@@ -72,10 +66,7 @@ class Knobs:
         def get(name: str, default) -> str:
             return env.get(name) or str(default)
 
-        variants = get("SPEED_VARIANTS", "new old").split()
-        unknown = [v for v in variants if v not in SPEED_VARIANTS]
-        if unknown:
-            raise ValueError(f"SPEED_VARIANTS: unknown {unknown}; known: {', '.join(SPEED_VARIANTS)}")
+        variants = get("SPEED_VARIANTS", "eager compiled").split()  # checked by `draftlab recipes speed`
         return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
                    parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
                    speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
@@ -129,30 +120,6 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
 
 
 # ---- the training-speed check -------------------------------------------------------------------------
-def rate_after_warmup(rows: list[dict]) -> dict | None:
-    """tok/s between the first and the last logged rows of a train.csv (the first window is warm-up);
-    None with fewer than three rows. Each row's tokens_per_s is cumulative since the start."""
-    if len(rows) < 3:
-        return None
-    a, b = rows[0], rows[-1]
-    ta, tb = float(a["elapsed_s"]), float(b["elapsed_s"])
-    tokens = float(b["tokens_per_s"]) * tb - float(a["tokens_per_s"]) * ta
-    return {"steps": int(b["step"]), "tok_s_after_warmup": tokens / (tb - ta),
-            "tok_s_cumulative": float(b["tokens_per_s"])}
-
-
-def speed_summary(folder: Path) -> dict:
-    """Each variant's rate from folder/<variant>/train.csv, and what was measured."""
-    res = {}
-    for variant in SPEED_VARIANTS:
-        log = folder / variant / "train.csv"
-        rate = rate_after_warmup(list(csv.DictReader(open(log)))) if log.is_file() else None
-        if rate:
-            res[variant] = rate
-    res["note"] = SPEED_NOTE
-    return res
-
-
 def speed_measured(path: Path) -> bool:
     try:
         return any(isinstance(v, dict) for v in json.loads(path.read_text()).values())
@@ -161,32 +128,24 @@ def speed_measured(path: Path) -> bool:
 
 
 def speed_check(call: Call, knobs: Knobs) -> None:
-    """SPEED_STEPS steps of the reference recipe by each variant, one after the other, once per machine:
-    STUDY/speed.json and OUT/speed.json. The first variant tokenises into STUDY/speed/tokens, the others
-    read it."""
-    study = study_dir(call)
+    """`draftlab recipes speed`: SPEED_STEPS steps of the reference recipe by each of SPEED_VARIANTS, once per
+    machine, into STUDY/speed.json (and OUT/speed.json). It tokenises into the rows' shared cache first."""
+    study, data = study_dir(call), data_dir(call)
     result = study / "speed.json"
     if speed_measured(result):
         return
-    speed, data = study / "speed", data_dir(call)
-    speed.mkdir(parents=True, exist_ok=True)
-    for variant in knobs.speed_variants:
-        lib = call.repo / (".device/oldlib/lib" if variant == "old" else "lib")
-        extra = SPEED_VARIANTS[variant]
-        shutil.rmtree(speed / variant, ignore_errors=True)
-        argv = call.cli("train", "--train-file", data / "train.jsonl", "--target", knobs.target,
-                        "--val-file", data / "val.jsonl", "--max-val-samples", 256, "--device", "cuda", "--epochs", 5,
-                        "--draft-vocab-size", 16000, "--lr", 5e-4, "--batch-tokens", 16384, "--max-batch", 64,
-                        "--stop-after", knobs.speed_steps, "--max-train-samples", knobs.speed_samples,
-                        "--log-every", 10, "--save-every", 100000, "--out-dir", speed / variant, *extra)
-        env = {**os.environ, "PYTHONPATH": f"{lib}:{call.site}"}
-        with open(speed / f"{variant}.log", "wb") as log:
-            rc = until(argv, min(time.time() + SPEED_CHILD_S, call.deadline - 30), stdout=log, stderr=log, env=env)
-        call.say(f"speed {variant}: exit {rc} {last_line(speed / f'{variant}.log', 300)}")
-    res = speed_summary(speed)
-    result.write_text(json.dumps(res, indent=1))
-    print(json.dumps(res), flush=True)
-    shutil.copyfile(result, call.out / "speed.json")
+    if call.left() < SPEED_MIN_S:
+        call.say(f"speed check: {call.left()} s left, too few; a later call runs it")
+        return
+    argv = call.cli("recipes", "speed", "--variants", ",".join(knobs.speed_variants), "--train-file",
+                    data / "train.jsonl", "--val-file", data / "val.jsonl", "--out", study, "--target", knobs.target,
+                    "--steps", knobs.speed_steps, "--samples", knobs.speed_samples, "--budget-s", call.left() - 30,
+                    "--set", "device", "cuda")
+    rc = until(argv, call.deadline - 20)
+    call.say(f"speed check: exit {rc}")
+    if result.is_file():
+        print(result.read_text(), flush=True)
+        shutil.copyfile(result, call.out / "speed.json")
 
 
 def tokenize_profile(call: Call, out: Path, shown: int, *target_device: str) -> int:
@@ -207,18 +166,6 @@ def tokenize_profile(call: Call, out: Path, shown: int, *target_device: str) -> 
 
 
 # ---- rows -------------------------------------------------------------------------------------------------
-def link_tokens(call: Call, rows: list[str]) -> None:
-    """One tokenised cache for every row (train reads OUT_DIR/../tokens): STUDY/<row>/tokens links to
-    STUDY/speed/tokens, made first (a link to a missing folder fails train's mkdir, "File exists", 2026-12-01)."""
-    shared = study_dir(call) / "speed/tokens"
-    shared.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        link = study_dir(call) / row / "tokens"
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not (link.exists() or link.is_symlink()):
-            link.symlink_to(shared)
-
-
 def outcome(rc: int) -> int:
     """A study command's exit as the phase's: done, cut (by itself or at the deadline), or failed."""
     return DONE if rc == DONE else AGAIN if rc in (AGAIN, CUT) else FAILED
@@ -286,7 +233,6 @@ def train(call: Call, knobs: Knobs) -> int:
     if not ready(call, knobs):
         return FAILED
     speed_check(call, knobs)
-    link_tokens(call, knobs.rows)
     rc = train_rows(call, knobs)
     pack(call, knobs)
     return rc

@@ -25,6 +25,7 @@ from draftlab.train_draft.loop import (  # noqa: F401
 from draftlab.train_draft.objective import (  # noqa: F401
     ATTENTION_KERNELS,
     LOSSES,
+    OBJECTIVE_VARIANTS,
     Features,
     Targets,
     TTTObjective,
@@ -38,4 +39,5 @@ from draftlab.train_draft.objective import (  # noqa: F401
 from draftlab.train_draft.parallel import (  # noqa: F401
     child_env,
     cli_args,
+    tokenize_first,
 )

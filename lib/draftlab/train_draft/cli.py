@@ -15,7 +15,7 @@ from draftlab.model.contract import FC_NORMS
 from draftlab.model.export import export_draft, validate
 from draftlab.model.target import TargetError, read_config
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
-from draftlab.train_draft.config import TrainConfig, field_comments
+from draftlab.train_draft.config import TrainConfig, field_comments, parse_bool
 from draftlab.train_draft.loop import train
 from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
 
@@ -32,7 +32,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = f"{notes.get(f.name, '')} (default: {default!r})".replace("%", "%%")
         if isinstance(default, bool):
-            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default, metavar="BOOL",
+            ap.add_argument(flag, type=parse_bool, default=default, metavar="BOOL",
                             help=text)
         elif isinstance(default, list):
             ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER", help=text)

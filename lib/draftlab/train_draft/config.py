@@ -20,6 +20,7 @@ class TrainConfig:
     train_file: str = ""  # canonical conversations (JSONL), e.g. RUN_DIR/data/regen/train.jsonl
     val_file: str = ""  # validation conversations (JSONL); empty: no eval
     out_dir: str = "results/dev/train/eagle3"  # logs, checkpoints, vocab.json
+    token_cache: str = ""  # tokenised conversations' cache; empty: <out_dir>/../tokens (rows of a study share one)
     target: str = "tiny"  # target spec for draftlab.model.target.load_target
     arch: str = "eagle3"  # eagle3 (three aux states + fc) or eagle1 (final state only, no fc)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -65,6 +66,26 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {sorted(unknown)}; known: {sorted(names)}")
         return cls(**d)
+
+    @classmethod
+    def from_text(cls, pairs) -> dict:
+        """(name, text) pairs, as `--set NAME VALUE` gives them, as settings of each field's type."""
+        kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}  # a list field: MISSING's type
+        out = {}
+        for name, text in pairs:
+            if name not in kinds:
+                raise ValueError(f"unknown training setting {name!r}; known: {sorted(kinds)}")
+            kind = kinds[name]
+            out[name] = parse_bool(text) if kind is bool else kind(text) if kind in (int, float, str) else text
+        return out
+
+    def token_cache_dir(self) -> Path:
+        """Where the tokenised train and val files are cached (one cache entry per file and settings)."""
+        return Path(self.token_cache) if self.token_cache else Path(self.out_dir).parent / "tokens"
+
+
+def parse_bool(text: str) -> bool:
+    return str(text).lower() in ("1", "true", "yes")
 
 
 FIELD_LINE = re.compile(r"^    (\w+): [^=]+=")

@@ -156,7 +156,7 @@ class TrainingRun:
     def load_data(self) -> None:
         """Rank 0 tokenises and caches first, the others read the cache."""
         cfg, target = self.cfg, self.target
-        cache = self.out_dir.parent / "tokens"
+        cache = cfg.token_cache_dir()
         if self.world > 1 and not self.is_main:
             torch.distributed.barrier()
         lim = cfg.max_train_samples or None
@@ -398,7 +398,7 @@ class TrainingRun:
 # Settings that may change between a run and its resumption (they do not change the result).
 RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
                "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention", "recompute_head",
-               "compile")
+               "compile", "token_cache")
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:

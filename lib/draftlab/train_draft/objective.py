@@ -101,6 +101,8 @@ def attention_kernel(name: str):
 
 # ---- the TTT objective -----------------------------------------------------------------------
 LOSSES = ("soft", "hard")  # soft: CE against the target's softmax over the draft vocab; hard: against its arg-max
+# name -> TrainConfig (and TTTObjective) settings: implementations of the same arithmetic, compared for speed
+OBJECTIVE_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "compiled": {"compile": True}}
 
 
 class TTTObjective(nn.Module):

@@ -74,6 +74,17 @@ def _total_steps(log: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def tokenize_first(cfgs: list[TrainConfig], target=None) -> None:
+    """Tokenise every config's train and val files into its cache (TrainConfig.token_cache_dir) before
+    the training processes start: they then read the cache instead of writing it at the same time."""
+    tokenizer = target.tokenizer if target is not None else load_tokenizer(str(resolve_path(cfgs[0].target)))
+    for c in cfgs:
+        cache = c.token_cache_dir()
+        load_tokenized(c.train_file, tokenizer, c.max_len, c.overlong, cache, c.max_train_samples or None)
+        if c.val_file:
+            load_tokenized(c.val_file, tokenizer, c.max_len, c.overlong, cache, c.max_val_samples or None)
+
+
 def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None, poll_s: float = 5.0) -> dict:
     """Train every config at once, each in its own process; {arch: result} as `train` returns it
     (read back from summary.json, with the draft loaded from the last checkpoint)."""
@@ -83,12 +94,7 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
     if any(c.hidden == "offline" for c in cfgs):
         raise ValueError("side-by-side training needs hidden='online' (offline shards would be written by every "
                          "process)")
-    tokenizer = target.tokenizer if target is not None else load_tokenizer(str(resolve_path(cfgs[0].target)))
-    for c in cfgs:  # the children find these in the cache
-        cache = Path(c.out_dir).parent / "tokens"
-        load_tokenized(c.train_file, tokenizer, c.max_len, c.overlong, cache, c.max_train_samples or None)
-        if c.val_file:
-            load_tokenized(c.val_file, tokenizer, c.max_len, c.overlong, cache, c.max_val_samples or None)
+    tokenize_first(cfgs, target)
     env = child_env(len(cfgs))
     procs = {}
     for c in cfgs:
