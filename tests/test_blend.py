@@ -159,6 +159,27 @@ def test_splits_by_id_hash_are_stable_and_proportional():
     assert [B.split_of(i, fractions, salt="other") for i in ids] != splits
 
 
+def test_split_by_definition_keeps_a_definitions_prompts_together():
+    rows = offline.docstring_conversations(["pyyaml"], limit=400, templates=4)
+    spec = B.load_spec({"tokenizer": "none", "sources": [{"kind": "humaneval", "name": "pyyaml"}],
+                        "dedup": {"near": False}, "splits": {"train": 0.6, "val": 0.2, "test": 0.2},
+                        "split_by": "definition"})
+    rows = [{**r, "source": "pyyaml"} for r in rows]
+
+    def splits_per_definition(result) -> list[int]:
+        by_def = {}
+        for split in B.SPLITS:
+            for r in result.splits[split]:
+                by_def.setdefault(r["meta"]["qualname"] + r["meta"]["module"], set()).add(split)
+        return [len(v) for v in by_def.values()]
+
+    grouped = splits_per_definition(B.run_pipeline(rows, spec, B.TokenCounter(None)))
+    by_id = splits_per_definition(B.run_pipeline(rows, {**spec, "split_by": "id"}, B.TokenCounter(None)))
+    assert set(grouped) == {1} and max(by_id) > 1  # per prompt, siblings straddle the splits
+    with pytest.raises(B.BlendSpecError, match="split_by must be one of"):
+        B.load_spec({**spec, "split_by": "prompt"})
+
+
 def test_quota_sampling_and_shuffle_are_seeded():
     convs = [conv(f"request number {i} about topic {i * 7919 % 1000} " * 3, "src") for i in range(200)]
     spec = B.load_spec({"tokenizer": "none", "seed": 1, "sources": [{"kind": "humaneval", "name": "src"}],

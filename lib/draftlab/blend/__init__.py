@@ -37,5 +37,6 @@ from draftlab.blend.text import (  # noqa: F401
     NearDuplicates,
     TokenCounter,
     dedup_text,
+    split_key,
     split_of,
 )

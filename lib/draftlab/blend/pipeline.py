@@ -35,6 +35,7 @@ from draftlab.blend.text import (
     TokenCounter,
     _bar,
     dedup_text,
+    split_key,
     split_of,
 )
 from draftlab.core.files import atomic_path, atomic_write_json
@@ -172,7 +173,8 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     splits: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for i in sorted(selected):
         c = conversations[i]
-        split = pinned.get(c["source"]) or split_of(c["id"], spec["splits"], spec["split_salt"])
+        split = pinned.get(c["source"]) or split_of(split_key(c, spec.get("split_by", "id")), spec["splits"],
+                                                    spec["split_salt"])
         row = {"id": c["id"], "source": c["source"], "messages": c["messages"],
                "meta": {**c["meta"], "n_tokens": n_tokens[i], "split": split, "blend": spec.get("name")}}
         splits[split].append(row)

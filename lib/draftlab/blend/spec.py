@@ -29,10 +29,11 @@ RULES = ("exact_duplicate", "min_tokens", "max_tokens", "near_duplicate", "conta
 EVAL_SETS = {"humaneval": offline.humaneval_texts}
 
 TOP_KEYS = {"name", "seed", "tokenizer", "total", "oversample", "sources", "filters", "dedup", "decontaminate",
-            "splits", "split_salt", "description"}
+            "splits", "split_salt", "split_by", "description"}
 SOURCE_KEYS = {"name", "kind", "weight", "count", "max_rows", "pin_split", "eval", "adapter", "role_map",
                "packages", "max_per_file", "templates", "hub_id", "hub_split", "config", "revision", "path", "required"}
 KINDS = ("docstrings", "humaneval", "hub", "local")
+SPLIT_BY = ("id", "definition")  # what a conversation's split is drawn from (blend.text.split_key)
 DEFAULTS = {
     "seed": 0,
     "tokenizer": "target",
@@ -133,6 +134,8 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
         for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
             if src["kind"] in kinds and not src.get(need):
                 raise BlendSpecError(f"{at}: kind {src['kind']!r} needs {need!r}")
+    if spec.get("split_by", "id") not in SPLIT_BY:  # not in DEFAULTS: existing specs keep their hash
+        raise BlendSpecError(f"{where}: split_by must be one of {SPLIT_BY}, got {spec['split_by']!r}")
     fractions = spec["splits"]
     if set(fractions) - set(SPLITS) or abs(sum(fractions.values()) - 1.0) > 1e-6:
         raise BlendSpecError(f"{where}: splits must be fractions of {SPLITS} summing to 1, got {fractions}")

@@ -180,6 +180,16 @@ class Contamination:
         return {k: len(v) for k, v in self.grams.items()}
 
 
+def split_key(conv: dict, split_by: str = "id") -> str:
+    """What a conversation's split is drawn from: its id; with split_by "definition", the documented
+    definition it was made from, so that a docstrings source's several prompts for one definition
+    (`templates` > 1) share a split instead of letting training see a held-out prompt's siblings."""
+    meta = conv.get("meta") or {}
+    if split_by == "definition" and "qualname" in meta:
+        return f"{meta.get('package')}:{meta.get('module')}:{meta['qualname']}"
+    return conv["id"]
+
+
 def split_of(conv_id: str, fractions: dict[str, float], salt: str = "draftlab") -> str:
     """Split by a hash of the id: the same conversation lands in the same split in every blend."""
     u = int.from_bytes(hashlib.blake2b(f"{salt}:{conv_id}".encode(), digest_size=8).digest(), "big") / 2**64
