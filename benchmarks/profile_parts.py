@@ -78,8 +78,6 @@ def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
     return draft.to(DEVICE)
 
 
-
-
 def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7,
                   variants=("eager",)) -> list[dict]:
     rows = []

@@ -146,7 +146,7 @@ def check_speed(variants: list[str], train_file: str, val_file: str, out: Path, 
             rc = run_until([sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=False)],
                            min(time.time() + per_variant_s, deadline), stdout=log, stderr=log, env=child_env(1))
         log_csv = Path(cfg.out_dir) / "train.csv"
-        rate = rate_after_warmup(list(csv.DictReader(open(log_csv)))) if log_csv.is_file() else None
+        rate = rate_after_warmup(list(csv.DictReader(log_csv.read_text().splitlines()))) if log_csv.is_file() else None
         print(f"speed {variant}: exit {'cut' if rc is None else rc}, {rate}", flush=True)
         if rate:
             res[variant] = rate
