@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # answers `-m draftlab.cli recipes speed` (the speed check: a speed.json with one rate) and the tokeniser
 # profile, logging argv
 FAKE_PYTHON = r'''
+if argv[:4] == ["-m", "draftlab.cli", "recipes", "measure"]:
+    log({"argv": argv[4:]})
+    sys.exit(0)
 if argv[:4] == ["-m", "draftlab.cli", "recipes", "speed"]:
     log({"argv": argv[4:]})
     out = Path(argv[argv.index("--out") + 1])
@@ -153,6 +156,20 @@ def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
     call.deadline = int(time.time()) + 10
     assert gpu_recipes.run_phase(call, "train", knobs(call, tmp_path, ROWS="hardce")) == AGAIN
     assert not logged(tmp_path) and (call.out / "recipes.tar.gz").is_file()
+
+
+def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path, monkeypatch):
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)  # tested in test_gpu_sglang
+    k = knobs(call, tmp_path, ROWS="fcnorm,eagle1", CHAIN="1,2,3", SAMPLES=8, HUMANEVAL=4, SEND_DRAFTS="fcnorm")
+    assert gpu_recipes.run_phase(call, "measure", k) == DONE
+    (run,) = logged(tmp_path)
+    argv = run["argv"]
+    for flag, value in (("--rows", "base,fcnorm,eagle1"), ("--chain", "1,2,3"), ("--samples", "8"),
+                        ("--humaneval", "4"), ("--out", str(gpu_recipes.study_dir(call))),
+                        ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl"))):
+        assert argv[argv.index(flag) + 1] == value
+    assert (call.out / "recipes.tar.gz").is_file() and not list(call.out.glob("draft-*"))  # fcnorm: not trained
 
 
 @HOLDS_CARGO
