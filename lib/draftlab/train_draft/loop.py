@@ -56,6 +56,16 @@ from draftlab.train_draft.vocab import build_draft_vocab, coverage, save_vocab, 
 
 
 # ---- the training run ------------------------------------------------------------------------
+def tokenized(cfg: TrainConfig, tokenizer):
+    """cfg's train and val files tokenised, read from its cache (TrainConfig.token_cache_dir) or written
+    there: ((train dataset, stats), (val dataset, stats), or (None, None) without a val file)."""
+    cache = cfg.token_cache_dir()
+    train = load_tokenized(cfg.train_file, tokenizer, cfg.max_len, cfg.overlong, cache, cfg.max_train_samples or None)
+    val = (load_tokenized(cfg.val_file, tokenizer, cfg.max_len, cfg.overlong, cache, cfg.max_val_samples or None)
+           if cfg.val_file else (None, None))
+    return train, val
+
+
 def train(cfg: TrainConfig, resume: bool = False, target=None) -> dict:
     """Train a draft; returns {"draft", "target", "out_dir", "final", "eval", "stats", ...}.
 
@@ -155,16 +165,9 @@ class TrainingRun:
 
     def load_data(self) -> None:
         """Rank 0 tokenises and caches first, the others read the cache."""
-        cfg, target = self.cfg, self.target
-        cache = cfg.token_cache_dir()
         if self.world > 1 and not self.is_main:
             torch.distributed.barrier()
-        lim = cfg.max_train_samples or None
-        self.train_ds, self.train_stats = load_tokenized(cfg.train_file, target.tokenizer, cfg.max_len, cfg.overlong,
-                                                         cache, lim)
-        self.val_ds, self.val_stats = (load_tokenized(cfg.val_file, target.tokenizer, cfg.max_len, cfg.overlong,
-                                                      cache, cfg.max_val_samples or None)
-                                       if cfg.val_file else (None, None))
+        (self.train_ds, self.train_stats), (self.val_ds, self.val_stats) = tokenized(self.cfg, self.target.tokenizer)
         if self.world > 1 and self.is_main:
             torch.distributed.barrier()
         self.lengths = [len(x) for x in self.train_ds["input_ids"]]

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from draftlab.core.progress import tqdm
-from draftlab.model.chat_data import load_tokenized
 from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.loop import tokenized
 
 
 def cli_args(cfg: TrainConfig, resume: bool) -> list[str]:
@@ -79,10 +79,7 @@ def tokenize_first(cfgs: list[TrainConfig], target=None) -> None:
     the training processes start: they then read the cache instead of writing it at the same time."""
     tokenizer = target.tokenizer if target is not None else load_tokenizer(str(resolve_path(cfgs[0].target)))
     for c in cfgs:
-        cache = c.token_cache_dir()
-        load_tokenized(c.train_file, tokenizer, c.max_len, c.overlong, cache, c.max_train_samples or None)
-        if c.val_file:
-            load_tokenized(c.val_file, tokenizer, c.max_len, c.overlong, cache, c.max_val_samples or None)
+        tokenized(c, tokenizer)
 
 
 def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None, poll_s: float = 5.0) -> dict:
