@@ -122,6 +122,13 @@ def test_speed_phase_profiles_checks_the_speed_once_and_packs(call, tmp_path, ca
     assert len(logged(tmp_path)) == len(runs)
 
 
+def test_speed_variants_none_skips_the_speed_check(call, tmp_path, capsys):
+    k = knobs(call, tmp_path, SPEED_VARIANTS="none")
+    assert k.speed_variants == []
+    gpu_recipes.speed_check(call, k)
+    assert not logged(tmp_path) and "SPEED_VARIANTS=none" in capsys.readouterr().out
+
+
 def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys):
     """The tiny target on CPU: exit 3 when the deadline cuts the row, 0 when the next call finishes it."""
     staged_small(call, tmp_path)

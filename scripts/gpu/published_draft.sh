@@ -8,8 +8,11 @@ cd "$(dirname "$0")/../.."
 RUN=${1:-results/reference}
 DEST=${2:-.device/drafts/eagle3}
 commit=$(cat "$RUN/draft/eagle3.commit")
+# the folder as the commit holds it: a run renamed later (h200-sglang-2026-12-01 -> reference) keeps its old path there
+folder=$(git show --name-only --format= "$commit" | sed -n 's|/model.safetensors$||p' | head -1)
+[ -n "$folder" ] || { echo "published_draft: commit $commit holds no model.safetensors" >&2; exit 1; }
 mkdir -p "$DEST"
 for f in config.json model.safetensors; do
-  git show "$commit:$RUN/draft/eagle3/$f" > "$DEST/$f"
+  git show "$commit:$folder/$f" > "$DEST/$f"
 done
 (cd "$DEST" && sha256sum -c --quiet "$OLDPWD/$RUN/draft/eagle3.sha256") && echo "$DEST: the published draft of $RUN (commit ${commit:0:12}), sha256 ok"

@@ -10,7 +10,7 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
     measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
-SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head),
+SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head; none: no check),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), SEND_DRAFTS (rows whose
@@ -66,7 +66,7 @@ class Knobs:
         def get(name: str, default) -> str:
             return env.get(name) or str(default)
 
-        variants = get("SPEED_VARIANTS", "eager compiled").split()  # checked by `draftlab recipes speed`
+        variants = [v for v in get("SPEED_VARIANTS", "eager compiled").split() if v != "none"]  # checked by `recipes speed`
         return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
                    parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
                    speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
@@ -133,6 +133,9 @@ def speed_check(call: Call, knobs: Knobs) -> None:
     study, data = study_dir(call), data_dir(call)
     result = study / "speed.json"
     if speed_measured(result):
+        return
+    if not knobs.speed_variants:
+        call.say("speed check: SPEED_VARIANTS=none")
         return
     if call.left() < SPEED_MIN_S:
         call.say(f"speed check: {call.left()} s left, too few; a later call runs it")
