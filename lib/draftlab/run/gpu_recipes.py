@@ -66,7 +66,8 @@ class Knobs:
         def get(name: str, default) -> str:
             return env.get(name) or str(default)
 
-        variants = [v for v in get("SPEED_VARIANTS", "eager compiled").split() if v != "none"]  # checked by `recipes speed`
+        # checked by `draftlab recipes speed`
+        variants = [v for v in get("SPEED_VARIANTS", "eager compiled").split() if v != "none"]
         return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
                    parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
                    speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
