@@ -153,6 +153,36 @@ def test_report_by_chain_length(tmp_path):
     assert (out / "recipes_by_steps.png").is_file()
 
 
+def measured_study(out, accepted: dict[str, int]):
+    """A study folder as `recipes measure` leaves it: per row one held-out and one HumanEval reply, each with
+    10 verify steps, the held-out one with `accepted[row]` tokens (acceptance accepted/10) and HumanEval 20."""
+    (out / "sglang" / "outputs").mkdir(parents=True)
+    entries = recipes.row_entries(list(accepted), out, "/m", steps=6, concurrency=[16], port=32000)
+    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
+                                                          "concurrency": [16],
+                                                          "entries": [e.__dict__ for e in entries]}))
+    for row, tokens in accepted.items():
+        append_jsonl(out / "sglang" / "outputs" / f"{slug(row)}.jsonl", [
+            {"index": 0, "output_ids": [], "completion_tokens": tokens, "spec_verify_ct": 10},
+            {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10}])
+    return out
+
+
+def test_combined_table_compares_each_row_with_its_own_studys_base(tmp_path):
+    old = measured_study(tmp_path / "old", {"base": 30, "eagle1": 24, "fcnorm": 33})
+    new = measured_study(tmp_path / "new", {"base": 32, "fcnorm": 36, "lr1e-3": 40})
+    df = recipes.write_combined([old, new], tmp_path / "combined")
+    assert list(df["row"]) == ["base", "fcnorm", "lr1e-3", "eagle1"]  # ROWS order; fcnorm from the later study
+    got = df.set_index("row")
+    assert got.loc["fcnorm", "study"] == str(new) and got.loc["eagle1", "study"] == str(old)
+    assert got.loc["fcnorm", "gain_held_out"] == pytest.approx(36 / 32)
+    assert got.loc["eagle1", "gain_held_out"] == pytest.approx(24 / 30) and got.loc["lr1e-3", "gain_humaneval"] == 1.0
+    assert (tmp_path / "combined" / "recipes.png").is_file()
+    assert pd.read_csv(tmp_path / "combined" / "table.csv")["row"].tolist() == list(df["row"])
+    with pytest.raises(Exception, match="no measured base row"):
+        recipes.combined_table([measured_study(tmp_path / "nobase", {"fcnorm": 30})])
+
+
 def test_set_values_take_each_settings_type():
     assert TrainConfig.from_text([("compile", "true"), ("save_every", "100"), ("lr", "1e-3"), ("device", "cuda"),
                                   ("recompute_head", "false")]) == {

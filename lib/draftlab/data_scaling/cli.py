@@ -13,6 +13,7 @@ from draftlab.data_scaling.recipes import (
     measure_rows,
     prompt_sets,
     train_rows,
+    write_combined,
     write_report,
 )
 from draftlab.engine import encode_prompts
@@ -71,6 +72,11 @@ def add_recipes_parser(subparsers) -> None:
     r.add_argument("--out", required=True)
     r.set_defaults(func=_report)
 
+    c = sub.add_parser("combine", help="one table and plot across study folders, each row against its study's base")
+    c.add_argument("--studies", required=True, help="comma-separated study folders, oldest first (the last wins)")
+    c.add_argument("--out", required=True, help="folder for table.csv and recipes.png")
+    c.set_defaults(func=_combine)
+
 
 def _rows(text: str) -> list[str]:
     return [r for r in text.split(",") if r]
@@ -102,5 +108,11 @@ def _measure(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     df = write_report(Path(args.out))
+    print(df.to_string(index=False))
+    return 0
+
+
+def _combine(args: argparse.Namespace) -> int:
+    df = write_combined([Path(s) for s in _rows(args.studies)], Path(args.out))
     print(df.to_string(index=False))
     return 0

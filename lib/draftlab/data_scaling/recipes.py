@@ -281,6 +281,35 @@ def table(out: Path) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
+def combined_table(studies: list[Path]) -> pd.DataFrame:
+    """Every study folder's table in one (a study per device session), each line with its study and its gain
+    over the `base` row that the same study measured (the same servers and windows): the comparison that holds
+    across sessions, whose absolute tok/s differ. A row measured by several studies keeps the last one's."""
+    tables = []
+    for study in studies:
+        df = table(study)
+        if df.empty or "base" not in set(df["row"]):
+            raise InputError(f"{study}: no measured base row to compare against (draftlab recipes measure)")
+        base = df.loc[df["row"] == "base"].iloc[0]
+        for name in ("held_out", "humaneval"):
+            df[f"gain_{name}"] = df[f"sglang_acceptance_{name}"] / base[f"sglang_acceptance_{name}"]
+        tables.append(df.assign(study=str(study)))
+    both = pd.concat(tables, ignore_index=True)
+    return both.drop_duplicates("row", keep="last").reset_index(drop=True)
+
+
+def write_combined(studies: list[Path], out: Path) -> pd.DataFrame:
+    """OUT/table.csv and OUT/recipes.png across the study folders (combined_table), rows in ROWS order."""
+    df = combined_table(studies)
+    first = ["row", "change", "question", "study", "gain_held_out", "gain_humaneval"]
+    df = df[first + [c for c in df.columns if c not in first]]
+    df = df.sort_values("row", key=lambda c: c.map(list(ROWS).index), ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "table.csv", index=False)
+    plot(df, out / "recipes.png")
+    return df
+
+
 def plot(df: pd.DataFrame, path: Path, steps: int = 6):
     """Acceptance in SGLang per row (held-out and HumanEval bars), the reference recipe's as a line."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
@@ -295,7 +324,7 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6):
                    lw=1, label="base, held-out")
     ax.set_xticks(list(x), df["row"])
     ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
-    ax.set_title("recipe study: one change per row (measured in SGLang 0.5.17, one H200)")
+    ax.set_title("recipe study: one change per row\n(measured in SGLang 0.5.17, one H200)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
