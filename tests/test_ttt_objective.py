@@ -143,3 +143,9 @@ def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
                 loss.backward()
     assert counters["frames"]["total"] == counters["frames"]["ok"], dict(counters["unimplemented"])
     assert not any("recompile limit" in k for k in counters["unimplemented"])
+    compiled, frames = draft.ttt_step_fn, counters["frames"]["total"]
+    with torch.no_grad(), objective.eager():  # training's evaluation: eager, dynamo sees nothing
+        objective(aux, ids, valid, targets)
+        assert draft.ttt_step_fn is None and objective.step_loss == objective._step_loss
+    assert counters["frames"]["total"] == frames
+    assert draft.ttt_step_fn is compiled and objective.step_loss != objective._step_loss

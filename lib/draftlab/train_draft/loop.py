@@ -297,7 +297,7 @@ class TrainingRun:
         draft.eval()
         stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
         vplan = plan_epoch([len(x) for x in self.val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
-        with torch.no_grad(), autocast(self.device), attention_kernel(cfg.attention):
+        with torch.no_grad(), autocast(self.device), attention_kernel(cfg.attention), self.objective.eager():
             for b in vplan[self.rank::self.world]:
                 stats += self.objective(*self.batch_tensors(b, self.feats_val))[1].float()
         _all_reduce(stats)

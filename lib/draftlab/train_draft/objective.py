@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +130,18 @@ class TTTObjective(nn.Module):
         if compile:
             draft.compile_ttt()
             self.step_loss = torch.compile(self._step_loss, dynamic=True)
+
+    @contextmanager
+    def eager(self):
+        """The objective without its compiled parts while inside: evaluation. Why: its no_grad graphs would
+        compile again for a few batches of work; the step-0 evaluation took 47 s with `compile` on the H200
+        (2026-12-02, three rows at once), of the first 90 s before step 10."""
+        compiled = self.draft.ttt_step_fn, self.step_loss
+        self.draft.ttt_step_fn, self.step_loss = None, self._step_loss
+        try:
+            yield self
+        finally:
+            self.draft.ttt_step_fn, self.step_loss = compiled
 
     def _step_loss(self, hid_rows, target_rows, trained, top):
         """One TTT step on its N gathered slots: (masked mean CE, stats row [4]).
