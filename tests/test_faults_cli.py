@@ -261,6 +261,21 @@ def test_precompute_removes_the_temp_files_a_killed_run_left(tmp_path, tiny_targ
     assert not list(out.glob(f"*{TMP_SUFFIX}"))
 
 
+def test_precompute_fails_before_its_first_shard_when_the_disk_is_too_small(tmp_path, tiny_target, monkeypatch):
+    import shutil
+
+    import torch
+
+    from draftlab.core.errors import RunFailure
+    from draftlab.model import hidden
+    from draftlab.model.hidden import precompute_hidden
+
+    monkeypatch.setattr(hidden.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
+    with pytest.raises(RunFailure, match=r"hidden.*need 0.0 GB more, 0.0 GB free"):
+        precompute_hidden(tiny_target, _tiny_dataset(tiny_target), tmp_path / "hidden", dtype=torch.float32)
+    assert not list((tmp_path / "hidden").glob("shard-*"))
+
+
 def test_resume_removes_half_written_checkpoints(tmp_path):
     from draftlab.train_draft.checkpoint import remove_checkpoint_temps
 

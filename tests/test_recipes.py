@@ -48,6 +48,19 @@ def test_rows_train_resume_after_a_cut_and_export(tmp_path):
         recipes.train_rows(["nope"], str(train_file), str(val_file), out)
 
 
+def test_offline_rows_share_one_store_of_target_states_that_the_parent_computes(tmp_path):
+    train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
+    out = tmp_path / "study"
+    extra = {**SMOKE, "target": "tiny", "hidden": "offline"}
+    status = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
+                                extra=extra)
+    assert status == {"base": "done", "hardce": "done"}, (out / "base" / "train.log").read_text()[-2000:]
+    n = json.loads((out / "hidden" / "train" / "index.json").read_text())["num_samples"]
+    for row in ("base", "hardce"):  # each row found the store complete: it only read it
+        assert f"{n} samples already done" in (out / row / "train.log").read_text()
+        assert not (out / row / "hidden").exists()
+
+
 def test_the_speed_check_times_each_variant_on_the_shared_tokens(tmp_path, capsys):
     train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "study"
@@ -59,7 +72,7 @@ def test_the_speed_check_times_each_variant_on_the_shared_tokens(tmp_path, capsy
     assert res["eager"]["loss"] == res["keep_head"]["loss"]  # the same arithmetic (recomputing the head: CUDA only)
     assert json.loads((out / "speed.json").read_text()) == res
     assert list((out / "tokens").iterdir()) and not (out / "speed" / "tokens").exists()
-    with pytest.raises(Exception, match="speed variant 'fast': expected one of eager, keep_head, compiled"):
+    with pytest.raises(Exception, match="speed variant 'fast': expected one of eager, keep_head, compiled, offline"):
         recipes.check_speed(["fast"], str(train_file), str(val_file), out, target="tiny")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from draftlab.data_scaling.recipes import (
     MEASURED_CONCURRENCY,
     ROWS,
+    SPEED_VARIANTS,
     check_speed,
     deadline_from,
     measure_rows,
@@ -19,7 +20,7 @@ from draftlab.data_scaling.recipes import (
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
 from draftlab.sglang.install import server_env
-from draftlab.train_draft import OBJECTIVE_VARIANTS, TrainConfig
+from draftlab.train_draft import TrainConfig
 
 
 def add_recipes_parser(subparsers) -> None:
@@ -40,7 +41,7 @@ def add_recipes_parser(subparsers) -> None:
     t.set_defaults(func=_train)
 
     s = sub.add_parser("speed", help="the reference recipe by each objective variant for a few steps: OUT/speed.json")
-    s.add_argument("--variants", default="eager,compiled", help=f"comma-separated, of {', '.join(OBJECTIVE_VARIANTS)}")
+    s.add_argument("--variants", default="eager,compiled", help=f"comma-separated, of {', '.join(SPEED_VARIANTS)}")
     s.add_argument("--train-file", required=True)
     s.add_argument("--val-file", required=True)
     s.add_argument("--out", required=True, help="the study folder: OUT/speed/<variant>, OUT/speed.json")

@@ -28,7 +28,14 @@ from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.process import run_until
 from draftlab.core.records import read_jsonl
-from draftlab.train_draft import OBJECTIVE_VARIANTS, TrainConfig, child_env, cli_args, tokenize_first
+from draftlab.train_draft import (
+    OBJECTIVE_VARIANTS,
+    TrainConfig,
+    child_env,
+    cli_args,
+    precompute_first,
+    tokenize_first,
+)
 
 # The reference run's 04 settings (results/reference/params.yaml; tests/test_recipes.py keeps them equal).
 BASE = {"epochs": 5.0, "draft_vocab_size": 16000, "lr": 5e-4, "max_len": 2048, "batch_tokens": 16384,
@@ -57,10 +64,15 @@ def recipe(row: str) -> dict:
 
 
 def row_config(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> TrainConfig:
-    """One row's TrainConfig: its recipe, training into OUT/<row>/train, with every row's tokens in OUT/tokens."""
+    """One row's TrainConfig: its recipe, training into OUT/<row>/train, with what every row shares in OUT."""
     return TrainConfig.from_dict({**recipe(row), "train_file": train_file, "val_file": val_file,
-                                  "out_dir": str(out / row / "train"), "target": target,
-                                  "token_cache": str(out / "tokens"), **extra})
+                                  "out_dir": str(out / row / "train"), "target": target, **shared(out), **extra})
+
+
+def shared(out: Path) -> dict:
+    """What the study's runs share: the tokens (OUT/tokens) and, with `hidden offline`, the target's
+    states (OUT/hidden), both made once by the parent (tokenize_first, precompute_first)."""
+    return {"token_cache": str(out / "tokens"), "hidden_dir": str(out / "hidden")}
 
 
 def train_command(row: str, cfg: TrainConfig, out: Path) -> list[str]:
@@ -85,6 +97,7 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
     deadline = deadline or float("inf")
     if todo:
         tokenize_first([cfgs[r] for r in todo])
+        precompute_first([cfgs[r] for r in todo])
 
     env = child_env(max(1, parallel))  # each child's CPU threads: a share of the cores
 
@@ -107,16 +120,19 @@ SPEED_NOTE = ("draftlab train, the reference recipe (recipes.BASE), the study's 
               "each, one after the other")
 
 
+# the objective's variants, and the compiled one on offline target states (the forward paid once, not per step)
+SPEED_VARIANTS = {**OBJECTIVE_VARIANTS, "offline": {"compile": True, "hidden": "offline"}}
+
+
 def speed_config(variant: str, train_file: str, val_file: str, out: Path, target: str, steps: int, samples: int,
                  extra: dict) -> TrainConfig:
-    """The reference recipe for `steps` steps by one objective variant (OBJECTIVE_VARIANTS), in OUT/speed/<variant>."""
-    if variant not in OBJECTIVE_VARIANTS:
-        raise InputError(f"speed variant {variant!r}: expected one of {', '.join(OBJECTIVE_VARIANTS)}")
+    """The reference recipe for `steps` steps by one variant (SPEED_VARIANTS), in OUT/speed/<variant>."""
+    if variant not in SPEED_VARIANTS:
+        raise InputError(f"speed variant {variant!r}: expected one of {', '.join(SPEED_VARIANTS)}")
     return TrainConfig.from_dict({**recipe("base"), "train_file": train_file, "val_file": val_file,
-                                  "out_dir": str(out / "speed" / variant), "target": target,
-                                  "token_cache": str(out / "tokens"), "stop_after": steps,
-                                  "max_train_samples": samples, "log_every": 10, "save_every": 10**6,
-                                  **OBJECTIVE_VARIANTS[variant], **extra})
+                                  "out_dir": str(out / "speed" / variant), "target": target, **shared(out),
+                                  "stop_after": steps, "max_train_samples": samples, "log_every": 10,
+                                  "save_every": 10**6, **SPEED_VARIANTS[variant], **extra})
 
 
 def rate_after_warmup(rows: list[dict]) -> dict | None:
@@ -139,6 +155,7 @@ def check_speed(variants: list[str], train_file: str, val_file: str, out: Path, 
     agree) in OUT/speed.json. Why: which implementation the study's rows should train with."""
     cfgs = {v: speed_config(v, train_file, val_file, out, target, steps, samples, extra or {}) for v in variants}
     tokenize_first(list(cfgs.values()))
+    precompute_first(list(cfgs.values()))  # (before the clock: the rows' parent pays it once too)
     deadline = deadline or float("inf")
     res = {}
     for variant, cfg in cfgs.items():

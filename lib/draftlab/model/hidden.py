@@ -9,8 +9,11 @@ state *after* its final norm, as SGLang's EAGLE worker receives it (and as trans
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 
+from draftlab.core.errors import RunFailure
 from draftlab.core.files import atomic_path, atomic_write_json
 from draftlab.core.progress import tqdm
 from draftlab.model.target import text_config
@@ -188,6 +191,10 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
     print(f"offline hidden states: {len(lengths)} samples, {total:,} tokens -> {est / 1e9:.2f} GB "
           f"({'aux 3H + ' if store_aux else ''}last H, {dtype}) in {out}; "
           f"{done} samples already done", flush=True)
+    need, free = est * sum(lengths[done:]) / max(total, 1), shutil.disk_usage(out).free
+    if need > free:  # fail before the first shard, not at the disk's end (21.6K conversations: 35 GB in bf16)
+        raise RunFailure(f"{out}: the offline hidden states need {need / 1e9:.1f} GB more, {free / 1e9:.1f} GB "
+                         "free (train with hidden online, or another hidden_dir)")
     pad = target.tokenizer.pad_token_id or 0
     bar = tqdm(total=sum(lengths[done:]), unit="tok", desc="hidden states", leave=False)
     start, i = done, done

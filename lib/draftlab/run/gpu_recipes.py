@@ -10,7 +10,7 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
     measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
-SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head; none: no check),
+SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head, offline; none: no check),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), SEND_DRAFTS (rows whose

@@ -39,5 +39,6 @@ from draftlab.train_draft.objective import (  # noqa: F401
 from draftlab.train_draft.parallel import (  # noqa: F401
     child_env,
     cli_args,
+    precompute_first,
     tokenize_first,
 )

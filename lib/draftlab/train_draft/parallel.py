@@ -23,7 +23,7 @@ from draftlab.core.progress import tqdm
 from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig
-from draftlab.train_draft.loop import tokenized
+from draftlab.train_draft.loop import TrainingRun, tokenized
 
 
 def cli_args(cfg: TrainConfig, resume: bool) -> list[str]:
@@ -80,6 +80,24 @@ def tokenize_first(cfgs: list[TrainConfig], target=None) -> None:
     tokenizer = target.tokenizer if target is not None else load_tokenizer(str(resolve_path(cfgs[0].target)))
     for c in cfgs:
         tokenized(c, tokenizer)
+
+
+def precompute_first(cfgs: list[TrainConfig], target=None) -> None:
+    """The offline configs' target states, computed here once per store (TrainConfig.hidden_dir) before the
+    training processes start: rows that share a store then only read it (precompute_hidden finds it
+    complete), and the target's forward is paid once for all of them instead of once per row and epoch."""
+    done = set()
+    for c in cfgs:
+        if c.hidden != "offline" or c.hidden_dir in done:
+            continue
+        if not c.hidden_dir:
+            raise ValueError(f"{c.out_dir}: hidden='offline' rows started together need a shared hidden_dir")
+        run = TrainingRun(c, target=target)
+        for phase in (run.check, run.setup_device, run.load_target, run.load_data, run.build_draft,
+                      run.hidden_states):
+            phase()
+        target = run.target
+        done.add(c.hidden_dir)
 
 
 def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None, poll_s: float = 5.0) -> dict:
