@@ -6,6 +6,7 @@ target cut at its deadline and resumed, what comes back, and recipes.sh's exit c
 import io
 import json
 import lzma
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -98,6 +99,21 @@ def test_stage_data_unpacks_the_tracked_splits_and_the_published_draft_once(call
     assert not gpu_recipes.stage_data(call, k)
 
 
+def test_published_rows_are_staged_as_trained_from_their_carried_drafts(call, tmp_path):
+    k = knobs(call, tmp_path, PUBLISHED="fcnorm")
+    k.carried_drafts = tmp_path / "carried"
+    assert not gpu_recipes.stage_data(call, k)  # asked for, not carried: fails
+    shutil.copytree(k.base_draft, k.carried_drafts / "fcnorm")
+    assert gpu_recipes.stage_data(call, k)
+    staged = gpu_recipes.study_dir(call) / "fcnorm"
+    assert (staged / "draft/model.safetensors").read_bytes() == b"w" * 10
+    run = ROOT / gpu_recipes.PUBLISHED_RUNS["fcnorm"]
+    assert (staged / "train/summary.json").read_bytes() == (run / "train/summary.json").read_bytes()
+    assert (run / "draft/eagle3.commit").is_file()  # scripts/gpu/published_draft.sh restores it from there
+    k.published = ["nope"]
+    assert not gpu_recipes.stage_data(call, k)
+
+
 def test_speed_phase_profiles_checks_the_speed_once_and_packs(call, tmp_path, capsys):
     staged_small(call, tmp_path)
     k = knobs(call, tmp_path, SPEED_STEPS=40, SPEED_SAMPLES=1500, SPEED_VARIANTS="eager keep_head")
@@ -168,11 +184,13 @@ def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
 def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path, monkeypatch):
     staged_small(call, tmp_path)
     monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)  # tested in test_gpu_sglang
-    k = knobs(call, tmp_path, ROWS="fcnorm,eagle1", CHAIN="1,2,3", SAMPLES=8, HUMANEVAL=4, SEND_DRAFTS="fcnorm")
+    k = knobs(call, tmp_path, ROWS="fcnorm,eagle1", CHAIN="1,2,3", SAMPLES=8, HUMANEVAL=4, SEND_DRAFTS="fcnorm",
+              CONCURRENCY="1,16")
     assert gpu_recipes.run_phase(call, "measure", k) == DONE
     (run,) = logged(tmp_path)
     argv = run["argv"]
     for flag, value in (("--rows", "base,fcnorm,eagle1"), ("--chain", "1,2,3"), ("--samples", "8"),
+                        ("--concurrency", "1,16"),
                         ("--humaneval", "4"), ("--out", str(gpu_recipes.study_dir(call))),
                         ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl"))):
         assert argv[argv.index(flag) + 1] == value

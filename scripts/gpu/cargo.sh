@@ -6,8 +6,9 @@
 # some no longer fit beside the tree.
 #   here:  scripts/gpu/cargo.sh pack [CHUNK]   -> .device/cargo/c1 .. cN, each one chunk + its sha256
 #          (CHUNK default: 62 MiB less the working tree, e.g. 43M beside a 19 MiB tree; the items:
-#          scripts/gpu/prepare.sh, published_draft.sh, `draftlab sglang
-#          bundle --out .device/sglang`)
+#          scripts/gpu/prepare.sh, published_draft.sh (the reference draft into .device/drafts/eagle3;
+#          more, e.g. `published_draft.sh results/recipes-2026-12-01/fcnorm .device/drafts/fcnorm`,
+#          for recipes.sh's PUBLISHED), `draftlab sglang bundle --out .device/sglang`)
 #   there: scripts/gpu/cargo.sh receive       -> keeps each carried chunk (checked) in /tmp/cargo; once
 #          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
 #          (every call again: the links are part of the repo copy, the unpacked files of /tmp)
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl
-       .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts/eagle3)
+       .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts)
 LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
 HOLD=${CARGO_HOLD:-/tmp/cargo}
 

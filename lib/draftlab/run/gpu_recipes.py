@@ -13,8 +13,11 @@ Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head, offline; none: no check),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
-1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), SEND_DRAFTS (rows whose
-trained drafts come back, comma-separated; a call returns at most 8 files and a draft is 2 of them),
+1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), CONCURRENCY (16,1: the main
+servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
+chain at batch 1), PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not
+trained), SEND_DRAFTS (rows whose trained drafts come back, comma-separated; a call returns at most 8
+files and a draft is 2 of them),
 PREFIX and the deadline: gpu_call's.
 The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
 or TensorBoard logs) and each SEND_DRAFTS row's draft as OUT/draft-<row>.tar.part-N (here: cat them |
@@ -39,6 +42,9 @@ DONE, AGAIN, FAILED = 0, 3, 1
 SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
+# published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
+# and train/summary.json
+PUBLISHED_RUNS = {"fcnorm": "results/recipes-2026-12-01/fcnorm"}
 SPEED_MIN_S = 120  # the speed check starts only with this much of the call left (the tokenising, ~30 s for 21.6K rows)
 
 
@@ -56,6 +62,9 @@ class Knobs:
     humaneval: int  # HUMANEVAL
     target: str  # RECIPES_TARGET
     base_draft: Path  # the published draft (carried as .device/drafts/eagle3): row `base`
+    published: list[str]  # PUBLISHED: more rows measured from their published drafts (PUBLISHED_RUNS)
+    carried_drafts: Path  # where the cargo put them: .device/drafts/<row>
+    concurrency: str  # CONCURRENCY
     send_drafts: list[str]  # SEND_DRAFTS
     chain: str  # CHAIN
 
@@ -75,7 +84,10 @@ class Knobs:
                    humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
                    base_draft=call.repo / ".device/drafts/eagle3",
                    send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r],
-                   chain=env.get("CHAIN", ""))
+                   chain=env.get("CHAIN", ""),
+                   published=[r for r in env.get("PUBLISHED", "").split(",") if r],
+                   carried_drafts=call.repo / ".device/drafts",
+                   concurrency=get("CONCURRENCY", "16,1"))
 
 
 def study_dir(call: Call) -> Path:
@@ -99,10 +111,18 @@ def last_line(path: Path, chars: int) -> str:
 
 # ---- the study's inputs ------------------------------------------------------------------------------
 def stage_data(call: Call, knobs: Knobs) -> bool:
-    """The reference run's regenerated set and held-out split (tracked .xz), and its published draft
-    with its training summary as row `base`; what is there already is kept."""
-    data, base = data_dir(call), study_dir(call) / "base"
+    """The reference run's regenerated set and held-out split (tracked .xz), and the published drafts with
+    their training summaries as trained rows: the reference draft as `base`, each PUBLISHED row's from
+    .device/drafts/<row> (restored by scripts/gpu/published_draft.sh PUBLISHED_RUNS[row] .device/drafts/<row>,
+    carried with the cargo). What is there already is kept."""
+    data = data_dir(call)
     data.mkdir(parents=True, exist_ok=True)
+    drafts = {"base": (knobs.base_draft, "results/reference")}
+    for row in knobs.published:
+        if row not in PUBLISHED_RUNS:
+            call.say(f"FAILED: PUBLISHED row {row!r}: expected one of {', '.join(PUBLISHED_RUNS)}")
+            return False
+        drafts[row] = (knobs.carried_drafts / row, PUBLISHED_RUNS[row])
     try:
         for split in SPLITS:
             dst = data / f"{Path(split).name}.jsonl"
@@ -110,10 +130,12 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
                 tmp = dst.with_name(dst.name + ".tmp")
                 unxz(call.repo / "results/reference" / f"{split}.jsonl.xz", tmp)
                 tmp.replace(dst)
-        if not (base / "draft/model.safetensors").is_file():
-            (base / "train").mkdir(parents=True, exist_ok=True)
-            shutil.copytree(knobs.base_draft, base / "draft", dirs_exist_ok=True)
-            shutil.copyfile(call.repo / "results/reference/train/summary.json", base / "train/summary.json")
+        for row, (draft, run) in drafts.items():
+            staged = study_dir(call) / row
+            if not (staged / "draft/model.safetensors").is_file():
+                (staged / "train").mkdir(parents=True, exist_ok=True)
+                shutil.copytree(draft, staged / "draft", dirs_exist_ok=True)
+                shutil.copyfile(call.repo / run / "train/summary.json", staged / "train/summary.json")
     except (OSError, lzma.LZMAError) as exc:
         call.say(f"FAILED: the study's data: {exc}")
         return False
@@ -199,6 +221,7 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
     argv = call.cli("recipes", "measure", "--rows", ",".join(["base", *knobs.rows]), "--out", study,
                     "--model-path", call.model_dir, "--held-out", data_dir(call) / "test.jsonl",
                     "--samples", knobs.samples, "--humaneval", knobs.humaneval, "--chain", knobs.chain,
+                    "--concurrency", knobs.concurrency,
                     "--prefix", call.sglang_prefix,
                     "--budget-s", call.left() - 30)
     return outcome(until(argv, call.deadline - 10, quiet=True))
