@@ -50,6 +50,8 @@ ROWS = {
     "hardce": ({"loss": "hard"}, "cross-entropy against the target's arg-max instead of its softmax"),
     "lr1e-3": ({"lr": 1e-3}, "twice the peak learning rate"),
     "ttt3": ({"ttt_steps": 3}, "a shallower training-time test (3 unroll steps instead of 7)"),
+    # the answers are regenerated at 256 tokens at most; conversations: median 344 tokens, none over max_len 2048
+    "maxlen256": ({"max_len": 256}, "conversations cut at 256 tokens (72% of the tokens): what shorter answers lose"),
     "eagle1": ({"arch": "eagle1"}, "the EAGLE-1-style draft (final state, no fc) on the same data"),
     # not one change: the two levers that paid in SGLang (2026-12-02: +13% and +12% held-out), together
     "fcnorm-lr1e-3": ({"fc_norm": "per_layer", "lr": 1e-3}, "fcnorm and lr1e-3 together: do the gains add up?"),
