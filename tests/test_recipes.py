@@ -48,6 +48,19 @@ def test_rows_train_resume_after_a_cut_and_export(tmp_path):
         recipes.train_rows(["nope"], str(train_file), str(val_file), out)
 
 
+def test_a_row_that_stopped_itself_before_the_deadline_is_cut_not_failed(tmp_path):
+    (tmp_path / "r" / "train").mkdir(parents=True)
+    assert recipes.row_status(tmp_path, "r", None) == "cut"  # killed at the deadline
+    assert recipes.row_status(tmp_path, "r", 0) == "failed (exit 0)"  # exit 0 and nothing to show
+    (tmp_path / "r" / "train" / "summary.json").write_text('{"finished": false}')
+    assert recipes.row_status(tmp_path, "r", 0) == "cut"  # stopped itself at stop_at, checkpointed
+    assert recipes.row_status(tmp_path, "r", 1) == "failed (exit 1)"
+    (tmp_path / "r" / "train" / "summary.json").write_text('{"finished": true}')
+    (tmp_path / "r" / "draft").mkdir()
+    (tmp_path / "r" / "draft" / "model.safetensors").write_bytes(b"w")
+    assert recipes.row_status(tmp_path, "r", 0) == "done"
+
+
 def test_offline_rows_share_one_store_of_target_states_that_the_parent_computes(tmp_path):
     train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "study"

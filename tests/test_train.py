@@ -85,6 +85,18 @@ def test_training_learns_and_logs(fixture_files, tmp_path):
     assert len(vocab["draft_ids"]) == 512 and vocab["draft_ids"] == sorted(vocab["draft_ids"])
 
 
+def test_stop_at_checkpoints_and_stops_the_call(fixture_files, tmp_path):
+    """A device call's deadline: past stop_at the run checkpoints at once and returns unfinished (rather
+    than being killed and losing the steps since its last checkpoint)."""
+    import time
+
+    out = tmp_path / "eagle3"
+    r = train(small_config(fixture_files, out, save_every=100, eval_every=100, stop_at=time.time() - 1))
+    assert not r["finished"] and r["steps"] == 1
+    assert (out / "latest").read_text().strip() == "ckpt-0000001"
+    assert not json.loads((out / "summary.json").read_text())["finished"]
+
+
 @pytest.mark.slow
 def test_resume_is_exact(fixture_files, tmp_path):
     straight = train(small_config(fixture_files, tmp_path / "a" / "eagle3", save_every=100, eval_every=100))

@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -87,12 +88,28 @@ def trained(out: Path, row: str) -> bool:
     return (out / row / "draft" / "model.safetensors").is_file() and (out / row / "train" / "summary.json").is_file()
 
 
+# a row checkpoints and stops itself this long before the deadline (stop_at), where killing it at the deadline
+# would lose the steps since its last checkpoint (up to save_every: 45 steps a row on 2026-12-02)
+STOP_MARGIN_S = 20
+
+
+def row_status(out: Path, row: str, rc: int | None) -> str:
+    """done; cut (killed at the deadline, or stopped itself at stop_at: exit 0, summary not finished); failed."""
+    if rc == 0 and trained(out, row):
+        return "done"
+    summary = out / row / "train" / "summary.json"
+    if rc is None or (rc == 0 and summary.is_file() and not json.loads(summary.read_text())["finished"]):
+        return "cut"
+    return f"failed (exit {rc})"
+
+
 def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, target: str = "embedded",
                parallel: int = 1, deadline: float | None = None, extra: dict | None = None) -> dict[str, str]:
     """Train the rows not trained yet, `parallel` at a time, each until it ends or `deadline`
-    (time.time()); a row cut at the deadline resumes from its checkpoint on the next call.
-    Returns {row: "done" | "cut" | "failed (exit N)"}; logs in OUT/<row>/train.log. The rows' shared
-    token cache (OUT/tokens) is filled here first, so that rows started together only read it."""
+    (time.time()): it checkpoints and stops itself STOP_MARGIN_S before (stop_at), and is killed at the
+    deadline if still running; a cut row resumes from its checkpoint on the next call.
+    Returns {row: "done" | "cut" | "failed (exit N)"}; logs in OUT/<row>/train.log. What the rows share
+    (shared: the tokens, offline target states) is made here first, so that rows started together only read it."""
     cfgs = {row: row_config(row, train_file, val_file, out, target, extra or {}) for row in rows}  # unknown: fail now
     todo = [r for r in rows if not trained(out, r)]
     status = {r: "done" for r in rows if r not in todo}
@@ -105,9 +122,10 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
 
     def one(row: str) -> str:
         (out / row).mkdir(parents=True, exist_ok=True)
+        cfg = replace(cfgs[row], stop_at=deadline - STOP_MARGIN_S) if deadline < float("inf") else cfgs[row]
         with open(out / row / "train.log", "a") as log:
-            rc = run_until(train_command(row, cfgs[row], out), deadline, stdout=log, stderr=log, env=env)
-        return "cut" if rc is None else "done" if rc == 0 and trained(out, row) else f"failed (exit {rc})"
+            rc = run_until(train_command(row, cfg, out), deadline, stdout=log, stderr=log, env=env)
+        return row_status(out, row, rc)
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for row, result in zip(todo, pool.map(one, todo)):

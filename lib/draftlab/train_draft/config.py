@@ -52,6 +52,7 @@ class TrainConfig:
     save_every: int = 500  # optimizer steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # checkpoints kept in out_dir (older ones are deleted)
     stop_after: int = 0  # stop after this many steps in this call (simulated crash / time box); 0: run to the end
+    stop_at: float = 0.0  # time.time() at which this call checkpoints and stops (a device call's deadline); 0: none
     seed: int = 0  # random seed (data order, initialisation)
     threads: int = 2  # torch threads on CPU
     pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)

@@ -332,7 +332,7 @@ class TrainingRun:
         return step_stats
 
     def after_step(self, epoch, plan, j) -> bool:
-        """Log, evaluate and checkpoint on their schedules; False when stop_after ends this call."""
+        """Log, evaluate and checkpoint on their schedules; False when stop_after or stop_at ends this call."""
         cfg, step, total = self.cfg, self.step, self.total_steps
         if self.is_main and (step % cfg.log_every == 0 or step == total):
             dt = time.time() - self.t0
@@ -350,11 +350,20 @@ class TrainingRun:
             save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
         if self.world > 1 and step % cfg.save_every == 0:
             torch.distributed.barrier()
-        if cfg.stop_after and step - self.started >= cfg.stop_after and step < total:
+        if step < total and ((cfg.stop_after and step - self.started >= cfg.stop_after) or self.out_of_time()):
             if self.is_main:
                 save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
             return False
         return True
+
+    def out_of_time(self) -> bool:
+        """stop_at has passed, by rank 0's clock (every rank must stop at the same step)."""
+        if not self.cfg.stop_at:
+            return False
+        late = torch.tensor([float(time.time() >= self.cfg.stop_at)], device=self.device)
+        if self.world > 1:
+            torch.distributed.broadcast(late, src=0)
+        return bool(late.item())
 
     def loop(self) -> None:
         cfg = self.cfg
@@ -399,9 +408,9 @@ class TrainingRun:
 
 
 # Settings that may change between a run and its resumption (they do not change the result).
-RESUME_FREE = ("stop_after", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads", "device",
-               "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention", "recompute_head",
-               "compile", "token_cache")
+RESUME_FREE = ("stop_after", "stop_at", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads",
+               "device", "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention",
+               "recompute_head", "compile", "token_cache")
 
 
 def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
