@@ -200,9 +200,9 @@ class Features:
     @torch.no_grad()
     def __call__(self, indices, ids, valid, device):
         if self.offline is not None:
-            aux, last = self.offline.get(indices, ids.shape[1], want_aux=self.use_aux)
-            aux = aux.to(device) if aux is not None else None
-            last = last.to(device)
+            aux, last = self.offline.get(indices, ids.shape[1], want_aux=self.use_aux)  # pinned on CUDA
+            aux = aux.to(device, non_blocking=True) if aux is not None else None
+            last = last.to(device, non_blocking=True)
         else:
             aux, last, _ = target_states(self.target, ids, valid.long(), self.layers)
         return (aux if self.use_aux else final_feature(self.target, last)), last
