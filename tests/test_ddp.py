@@ -36,3 +36,25 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     assert int(find_checkpoint(ddp_out).name.split("-")[1]) == single["steps"] > 1
     for k, v in ref.items():
         assert torch.allclose(ddp[k].float(), v.float(), atol=1e-4), (k, (ddp[k].float() - v.float()).abs().max())
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_at_the_same_step_by_rank_0s_clock(tmp_path):
+    """stop_at under torchrun: the ranks ask rank 0 every log_every steps and stop together (a rank that
+    stopped alone would leave the other waiting in a collective until the timeout)."""
+    import json
+    import time
+
+    files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
+    out = tmp_path / "ddp" / "eagle3"
+    cfg = small_config(files, out, epochs=2, save_every=100, eval_every=100, threads=1, batch_tokens=160,
+                       log_every=2, stop_at=time.time() - 1)
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+            f"--master_port={free_port()}", "-m", "draftlab.cli", "train"]
+    for k, v in vars(cfg).items():
+        if k != "capture_layers":
+            args += [f"--{k.replace('_', '-')}", str(v)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "latest").read_text().strip() == "ckpt-0000002"  # the first step rank 0 was asked at
+    assert not json.loads((out / "summary.json").read_text())["finished"]

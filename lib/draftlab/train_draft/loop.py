@@ -357,12 +357,18 @@ class TrainingRun:
         return True
 
     def out_of_time(self) -> bool:
-        """stop_at has passed, by rank 0's clock (every rank must stop at the same step)."""
-        if not self.cfg.stop_at:
+        """stop_at has passed. One process reads its clock; several go by rank 0's, asked every log_every
+        steps (a broadcast and a device sync, which the step loop otherwise avoids; every rank must stop
+        at the same step)."""
+        cfg = self.cfg
+        if not cfg.stop_at:
             return False
-        late = torch.tensor([float(time.time() >= self.cfg.stop_at)], device=self.device)
-        if self.world > 1:
-            torch.distributed.broadcast(late, src=0)
+        if self.world == 1:
+            return time.time() >= cfg.stop_at
+        if self.step % cfg.log_every:
+            return False
+        late = torch.tensor([float(time.time() >= cfg.stop_at)], device=self.device)
+        torch.distributed.broadcast(late, src=0)
         return bool(late.item())
 
     def loop(self) -> None:

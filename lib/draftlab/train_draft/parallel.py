@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from draftlab.core.progress import tqdm
 from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
@@ -98,6 +100,10 @@ def precompute_first(cfgs: list[TrainConfig], target=None) -> None:
             phase()
         target = run.target
         done.add(c.hidden_dir)
+    if done:
+        del run, target
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the training processes need what the forward held on the GPU
 
 
 def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None, poll_s: float = 5.0) -> dict:
