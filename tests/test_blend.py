@@ -149,6 +149,37 @@ def test_decontamination_against_humaneval_and_eval_sources_exempt():
     assert {r["id"] for r in result.splits["test"]} >= {h["id"] for h in he}  # pinned, never decontaminated
 
 
+def test_decontamination_against_an_eval_source_of_the_blend():
+    """Another blend's held-out split as an eval source (the recipe study's reference prompts): a training
+    prompt for a held-out prompt's definition is dropped whatever its template; one that shares only the
+    template's sentences is kept; rows without a definition are matched by 13-gram."""
+    def doc(template_text, qualname, source="docs"):
+        c = conv(template_text, source)
+        c["meta"] = {"package": "pkg", "module": "pkg.mod", "qualname": qualname}
+        return c
+
+    boiler = "does, when you would use it, and show a short example. Its documentation begins:"
+    held = doc(f"Explain what `pkg.mod.parse_date` {boiler} Parse an ISO date.", "parse_date", "reference-test")
+    sibling = doc("Write pytest unit tests for `pkg.mod.parse_date(text)`.", "parse_date")
+    same_template = doc(f"Explain what `pkg.mod.merge` {boiler} Merge two sorted lists.", "merge")
+    free_text = conv("Please answer: " + "the quick brown fox jumps over the lazy dog near the river bank today",
+                     "reference-test")
+    leaked = conv("Write a story about a farm where, as they say, the quick brown fox jumps over the lazy dog near "
+                  "the river bank today, and tell what the farmer and his three cows did next.", "docs")
+    spec = B.load_spec({"tokenizer": "none", "decontaminate": {"against": ["reference-test"]},
+                        "sources": [{"kind": "local", "name": "reference-test", "path": "x.jsonl", "eval": True,
+                                     "pin_split": "test"}, {"kind": "humaneval", "name": "docs"}]})
+    result = B.run_pipeline([held, free_text, sibling, same_template, leaked], spec, B.TokenCounter(None),
+                            eval_sources={"reference-test"}, pinned={"reference-test": "test"})
+    assert result.report["decontamination"]["contaminated"] == {"reference-test": 2}, result.dropped
+    kept = {r["id"] for rows in result.splits.values() for r in rows}
+    assert {held["id"], free_text["id"], same_template["id"]} <= kept
+    assert sibling["id"] not in kept and leaked["id"] not in kept
+    with pytest.raises(B.BlendSpecError, match="unknown evaluation set 'reference-test'"):
+        B.load_spec({"tokenizer": "none", "decontaminate": {"against": ["reference-test"]},
+                     "sources": [{"kind": "local", "name": "reference-test", "path": "x.jsonl"}]})
+
+
 def test_splits_by_id_hash_are_stable_and_proportional():
     ids = [f"id{i}" for i in range(20000)]
     fractions = {"train": 0.8, "val": 0.1, "test": 0.1}

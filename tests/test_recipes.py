@@ -215,3 +215,23 @@ def test_set_values_take_each_settings_type():
         "compile": True, "save_every": 100, "lr": 1e-3, "device": "cuda", "recompute_head": False}
     with pytest.raises(ValueError, match="unknown training setting 'speed'"):
         TrainConfig.from_text([("speed", "1")])
+
+
+def test_extra_prompts_are_the_larger_blends_that_the_reference_has_not_seen(tmp_path):
+    import lzma
+
+    from draftlab.data_scaling.volume import extra_prompts, rows_of
+
+    def prompt(i, text=None):
+        return {"id": f"id{i}", "source": "docs", "messages": [{"role": "user", "content": text or f"prompt {i}"}]}
+
+    seen = tmp_path / "reference.jsonl.xz"
+    with lzma.open(seen, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in (prompt(1), prompt(9, "prompt 2")))  # by id; by user text
+    blend = tmp_path / "large.jsonl"
+    blend.write_text("".join(json.dumps(prompt(i)) + "\n" for i in range(1, 6)))
+    counts = extra_prompts(blend, [seen], 2, tmp_path / "extra.jsonl.xz")
+    assert counts["new"] == 3 and [r["id"] for r in rows_of(tmp_path / "extra.jsonl.xz")] == ["id3", "id4"]
+    with pytest.raises(Exception, match="3 prompts the reference has not seen, fewer than 4"):
+        extra_prompts(blend, [seen], 4, tmp_path / "more.jsonl.xz")
+    assert not (tmp_path / "more.jsonl.xz").exists()

@@ -59,6 +59,17 @@ def test_datasets_load_dataset_gives_the_same_conversations(name):
     assert [c["id"] for c in via_datasets.conversations] == [c["id"] for c in via_lines.conversations]
 
 
+def test_draftlabs_own_conversations_keep_their_meta():
+    """A blend's output read back as a source (the reference held-out split) keeps the definition each
+    prompt came from, which decontamination by definition needs; nested values and provenance are not copied."""
+    row = {"messages": [{"role": "user", "content": "Explain `pkg.f`."}],
+           "meta": {"package": "pkg", "qualname": "f", "template": "explain", "line": 99, "nested": {"a": 1}}}
+    (conv,) = S.normalize([row], "ref", S.ADAPTERS[0]).conversations
+    assert S.ADAPTERS[0].name == "openai_messages"
+    assert conv["meta"] == {"package": "pkg", "qualname": "f", "template": "explain", "line": 1,
+                            "adapter": "openai_messages"}
+
+
 def test_alpaca_input_is_appended_only_when_present():
     _, out = _normalize_file("alpaca.jsonl")
     first, second = out.conversations[0]["messages"][0]["content"], out.conversations[1]["messages"][0]["content"]

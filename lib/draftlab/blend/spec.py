@@ -139,9 +139,11 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
     fractions = spec["splits"]
     if set(fractions) - set(SPLITS) or abs(sum(fractions.values()) - 1.0) > 1e-6:
         raise BlendSpecError(f"{where}: splits must be fractions of {SPLITS} summing to 1, got {fractions}")
+    eval_sources = sorted(s["name"] for s in spec["sources"] if s.get("eval"))
     for name in spec["decontaminate"]["against"] or []:
-        if name not in EVAL_SETS:
-            raise BlendSpecError(f"{where}: unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)}")
+        if name not in EVAL_SETS and name not in eval_sources:
+            raise BlendSpecError(f"{where}: unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)} and this "
+                                 f"blend's eval sources {eval_sources}")
     return spec
 
 

@@ -180,14 +180,18 @@ class Contamination:
         return {k: len(v) for k, v in self.grams.items()}
 
 
+def definition(conv: dict) -> str | None:
+    """The documented definition a docstrings prompt was made from ('package:module:qualname'); None for
+    other conversations."""
+    meta = conv.get("meta") or {}
+    return f"{meta.get('package')}:{meta.get('module')}:{meta['qualname']}" if "qualname" in meta else None
+
+
 def split_key(conv: dict, split_by: str = "id") -> str:
     """What a conversation's split is drawn from: its id; with split_by "definition", the documented
     definition it was made from, so that a docstrings source's several prompts for one definition
     (`templates` > 1) share a split instead of letting training see a held-out prompt's siblings."""
-    meta = conv.get("meta") or {}
-    if split_by == "definition" and "qualname" in meta:
-        return f"{meta.get('package')}:{meta.get('module')}:{meta['qualname']}"
-    return conv["id"]
+    return (definition(conv) if split_by == "definition" else None) or conv["id"]
 
 
 def split_of(conv_id: str, fractions: dict[str, float], salt: str = "draftlab") -> str:

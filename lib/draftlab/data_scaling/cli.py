@@ -17,6 +17,7 @@ from draftlab.data_scaling.recipes import (
     write_combined,
     write_report,
 )
+from draftlab.data_scaling.volume import extra_prompts
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
 from draftlab.sglang.install import server_env
@@ -78,6 +79,14 @@ def add_recipes_parser(subparsers) -> None:
     c.add_argument("--out", required=True, help="folder for table.csv and recipes.png")
     c.set_defaults(func=_combine)
 
+    e = sub.add_parser("extra-prompts", help="the data-volume row's prompts: a larger blend's that the reference "
+                                             "has not seen")
+    e.add_argument("--blend-train", required=True, help="the larger blend's train split (blend-offline-large.yaml)")
+    e.add_argument("--seen", required=True, help="comma-separated JSONL(.xz) files whose prompts are left out")
+    e.add_argument("--n", type=int, required=True, help="prompts to write (the blend's shuffled order)")
+    e.add_argument("--out", required=True, help=".jsonl.xz")
+    e.set_defaults(func=_extra)
+
 
 def _rows(text: str) -> list[str]:
     return [r for r in text.split(",") if r]
@@ -116,4 +125,9 @@ def _report(args: argparse.Namespace) -> int:
 def _combine(args: argparse.Namespace) -> int:
     df = write_combined([Path(s) for s in _rows(args.studies)], Path(args.out))
     print(df.to_string(index=False))
+    return 0
+
+
+def _extra(args: argparse.Namespace) -> int:
+    print(extra_prompts(Path(args.blend_train), [Path(p) for p in _rows(args.seen)], args.n, Path(args.out)))
     return 0

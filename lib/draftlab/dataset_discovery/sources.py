@@ -56,6 +56,7 @@ class Adapter:
     description: str
     forbidden: tuple[str, ...] = ()  # columns whose presence means another family
     meta_fields: tuple[str, ...] = ()
+    keeps_meta: bool = False  # the row's own `meta` (draftlab's conversations read back: a definition, a template)
 
     def matches(self, columns: Iterable[str]) -> bool:
         cols = set(columns)
@@ -160,7 +161,7 @@ def _sharegpt(row: dict, opts: dict) -> list[dict]:
 
 # Most specific first: detection takes the first adapter whose required columns are all present.
 ADAPTERS: tuple[Adapter, ...] = (
-    Adapter("openai_messages", ("messages",), _openai_messages, "messages: [{role, content}]"),
+    Adapter("openai_messages", ("messages",), _openai_messages, "messages: [{role, content}]", keeps_meta=True),
     Adapter("sharegpt", ("conversations",), _sharegpt, "conversations: [{from, value}] (+ system)"),
     Adapter("commit", ("old_contents", "new_contents"), _commit, "old_contents/new_contents + message",
             meta_fields=("commit", "lang", "repos")),
@@ -267,11 +268,11 @@ def normalize(
         except RowError as exc:
             out.rejects.append({"source": source, "line": line, "reason": str(exc)})
             continue
-        row_meta = {"line": line, "adapter": adapter.name}
-        for key in adapter.meta_fields:
-            value = row.get(key)
-            if isinstance(value, (str, int, float, bool)) and len(str(value)) <= 200:
-                row_meta[key] = value
+        own = row.get("meta") if adapter.keeps_meta and isinstance(row.get("meta"), dict) else {}
+        fields = [(key, own[key]) for key in own] + [(key, row.get(key)) for key in adapter.meta_fields]
+        row_meta = {key: value for key, value in fields
+                    if isinstance(value, (str, int, float, bool)) and len(str(value)) <= 200}
+        row_meta.update(line=line, adapter=adapter.name)
         if meta:
             row_meta.update(meta)
         out.conversations.append(
