@@ -53,6 +53,21 @@ class BlendResult:
     dropped: list[dict] = field(default_factory=list)
 
 
+def _held_out(spec: dict, conversations: list[dict], against: list[str]) -> tuple[dict, Contamination]:
+    """What decontamination compares against: {definition: eval source} and the 13-gram test.
+
+    An eval source of this blend (another blend's held-out split) is matched by definition where its rows
+    have one: its prompts share template sentences, whose 13-grams would drop every prompt of a template
+    (59,363 of the large blend's; blend-offline-large.yaml); by 13-gram where they have none."""
+    own = {name for name in against if name not in EVAL_SETS}
+    held = {definition(c): c["source"] for c in conversations if c["source"] in own and definition(c)}
+    eval_texts = spec.get("_eval_texts") or {
+        name: EVAL_SETS[name]() if name in EVAL_SETS
+        else [dedup_text(c, "all") for c in conversations if c["source"] == name and not definition(c)]
+        for name in against}
+    return held, Contamination(eval_texts, spec["decontaminate"]["ngram"])
+
+
 def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *,
                  pinned: dict[str, str] | None = None, eval_sources: set[str] | None = None,
                  quota: dict[str, int | None] | None = None, progress: bool = False) -> BlendResult:
@@ -97,18 +112,7 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     near = (NearDuplicates(spec["dedup"]["threshold"], spec["dedup"]["num_perm"], spec["dedup"]["shingle"])
             if spec["dedup"]["near"] else None)
     against = spec["decontaminate"]["against"] or []
-    cont = None
-    if against:
-        # an eval source of this blend (another blend's held-out split) is matched by definition where its rows
-        # have one: its prompts share template sentences, whose 13-grams would drop every prompt of a template
-        # (59,363 of the large blend's; blend-offline-large.yaml), and by 13-gram where they have none
-        own = {name for name in against if name not in EVAL_SETS}
-        held = {definition(c): c["source"] for c in conversations if c["source"] in own and definition(c)}
-        eval_texts = spec.get("_eval_texts") or {
-            name: EVAL_SETS[name]() if name in EVAL_SETS
-            else [dedup_text(c, "all") for c in conversations if c["source"] == name and not definition(c)]
-            for name in against}
-        cont = Contamination(eval_texts, spec["decontaminate"]["ngram"])
+    held, cont = _held_out(spec, conversations, against) if against else ({}, None)
     signatures, hits = {}, {}
     with ThreadPoolExecutor(max_workers=1) as pool:
         counting = pool.submit(counter.count, [conversations[i] for i in alive], progress=progress)
