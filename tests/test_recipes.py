@@ -220,7 +220,8 @@ def test_set_values_take_each_settings_type():
 def test_extra_prompts_are_the_larger_blends_that_the_reference_has_not_seen(tmp_path):
     import lzma
 
-    from draftlab.data_scaling.volume import extra_prompts, rows_of
+    from draftlab.core.records import read_jsonl
+    from draftlab.data_scaling.volume import extra_prompts
 
     def prompt(i, text=None):
         return {"id": f"id{i}", "source": "docs", "messages": [{"role": "user", "content": text or f"prompt {i}"}]}
@@ -231,7 +232,7 @@ def test_extra_prompts_are_the_larger_blends_that_the_reference_has_not_seen(tmp
     blend = tmp_path / "large.jsonl"
     blend.write_text("".join(json.dumps(prompt(i)) + "\n" for i in range(1, 6)))
     counts = extra_prompts(blend, [seen], 2, tmp_path / "extra.jsonl.xz")
-    assert counts["new"] == 3 and [r["id"] for r in rows_of(tmp_path / "extra.jsonl.xz")] == ["id3", "id4"]
+    assert counts["new"] == 3 and [r["id"] for r in read_jsonl(tmp_path / "extra.jsonl.xz")] == ["id3", "id4"]
     with pytest.raises(Exception, match="3 prompts the reference has not seen, fewer than 4"):
         extra_prompts(blend, [seen], 4, tmp_path / "more.jsonl.xz")
     assert not (tmp_path / "more.jsonl.xz").exists()

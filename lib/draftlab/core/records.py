@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
@@ -67,9 +68,11 @@ class JsonlLine(NamedTuple):
 
 
 def jsonl_lines(path: str | Path) -> Iterator[JsonlLine]:
-    """Every non-blank line of a JSONL file, parsed. The one parse loop of draftlab's readers; each
-    caller decides what a bad line means (an error, a torn tail to cut or skip, a rejected row)."""
-    data = Path(path).read_bytes()
+    """Every non-blank line of a JSONL file (.jsonl, or .jsonl.xz as the repo keeps data), parsed. The one
+    parse loop of draftlab's readers; each caller decides what a bad line means (an error, a torn tail to
+    cut or skip, a rejected row)."""
+    path = Path(path)
+    data = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
     content_end = len(data.rstrip())  # only blanks after this: a line ending at or past it is the last
     pos, lineno = 0, 0
     while pos < len(data):

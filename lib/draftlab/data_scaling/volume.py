@@ -8,23 +8,13 @@ that a device session can regenerate them (the GPU machine has other packages, s
 
 from __future__ import annotations
 
-import json
 import lzma
 from pathlib import Path
 
 from draftlab.blend import dedup_text
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_path
-from draftlab.core.records import read_jsonl
-
-
-def rows_of(path: Path) -> list[dict]:
-    """A JSONL file's rows, .jsonl or .jsonl.xz."""
-    path = Path(path)
-    if path.suffix != ".xz":
-        return list(read_jsonl(path))
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+from draftlab.core.records import jsonl_line, read_jsonl
 
 
 def extra_prompts(blend_train: Path, seen: list[Path], n: int, out: Path) -> dict:
@@ -32,14 +22,13 @@ def extra_prompts(blend_train: Path, seen: list[Path], n: int, out: Path) -> dic
     of the `seen` files, written to `out` (.jsonl.xz). Returns the counts."""
     ids, texts = set(), set()
     for path in seen:
-        for row in rows_of(path):
+        for row in read_jsonl(path):
             ids.add(row["id"])
             texts.add(dedup_text(row))
-    candidates = rows_of(blend_train)
+    candidates = list(read_jsonl(blend_train))
     new = [r for r in candidates if r["id"] not in ids and dedup_text(r) not in texts]
     if len(new) < n:
         raise InputError(f"{blend_train}: {len(new)} prompts the reference has not seen, fewer than {n}")
-    with atomic_path(out) as tmp, lzma.open(tmp, "wt", encoding="utf-8") as f:
-        for row in new[:n]:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with atomic_path(out) as tmp, lzma.open(tmp, "wb") as f:
+        f.writelines(jsonl_line(row) for row in new[:n])
     return {"candidates": len(candidates), "seen_rows": len(ids), "new": len(new), "written": n, "out": str(out)}

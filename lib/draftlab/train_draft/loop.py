@@ -89,16 +89,21 @@ class TrainingRun:
 
     def setup(self) -> None:
         """Every phase before the step loop, in order (a profiler of the loop calls this too)."""
+        self.prepare()
+        self.build_optimizer()
+        self.restore()
+        self._phase_done("rest")
+        self.report_setup()
+
+    def prepare(self) -> None:
+        """The phases up to the target's states (offline: stored once); a parent that precomputes them for
+        several runs stops here (parallel.precompute_first)."""
         self.check()
         self.setup_device()
         self.load_target()
         self.load_data()
         self.build_draft()
         self.hidden_states()
-        self.build_optimizer()
-        self.restore()
-        self._phase_done("rest")
-        self.report_setup()
 
     def _phase_done(self, name: str) -> None:
         self.phases[name], self._mark = time.time() - self._mark, time.time()

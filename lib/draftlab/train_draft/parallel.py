@@ -95,9 +95,7 @@ def precompute_first(cfgs: list[TrainConfig], target=None) -> None:
         if not c.hidden_dir:
             raise ValueError(f"{c.out_dir}: hidden='offline' rows started together need a shared hidden_dir")
         run = TrainingRun(c, target=target)
-        for phase in (run.check, run.setup_device, run.load_target, run.load_data, run.build_draft,
-                      run.hidden_states):
-            phase()
+        run.prepare()
         target = run.target
         done.add(c.hidden_dir)
     if done:
