@@ -33,6 +33,14 @@ if argv[:4] == ["-m", "draftlab.cli", "recipes", "speed"]:
     out = Path(argv[argv.index("--out") + 1])
     (out / "speed.json").write_text(json.dumps({"eager": {"steps": 30, "tok_s_after_warmup": 5.0}, "note": "-"}))
     sys.exit(0)
+if argv[:3] == ["-m", "draftlab.cli", "regenerate"]:  # LIMIT answered rows, or the whole call's time
+    log({"argv": argv[3:]})
+    if os.environ.get("FAKE_REGEN_SLOW"):
+        time.sleep(120)
+    rows = [{"id": f"x{i}", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+            for i in range(int(argv[argv.index("--limit") + 1]))]
+    Path(argv[argv.index("--output") + 1]).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sys.exit(0)
 if argv[:1] and argv[0].endswith("tokenize_profile.py"):
     log({"argv": argv})
     print("tokenising: 10 conv/s]\nrows 300 in 1.0 s\n" + "".join(f"line {i}\n" for i in range(50)), end="")
@@ -195,6 +203,33 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
                         ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl"))):
         assert argv[argv.index(flag) + 1] == value
     assert (call.out / "recipes.tar.gz").is_file() and not list(call.out.glob("draft-*"))  # fcnorm: not trained
+
+
+def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the_rows_train_files(
+        call, tmp_path, monkeypatch, capsys):
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)  # tested in test_gpu_sglang
+    k = knobs(call, tmp_path, ROWS="data2x,fcnorm", REGEN_SERVERS=3, REGEN_CONCURRENCY=256)
+    monkeypatch.setenv("FAKE_REGEN_SLOW", "1")
+    call.deadline = int(time.time()) + 33  # the regeneration stops 30 s before: cut
+    assert gpu_recipes.run_phase(call, "regen", k) == AGAIN
+    assert not (call.out / "extra-regen.jsonl.xz").exists() and "regeneration: exit 124" in capsys.readouterr().out
+    monkeypatch.delenv("FAKE_REGEN_SLOW")
+    call.deadline = int(time.time()) + 600
+    assert gpu_recipes.run_phase(call, "regen", k) == DONE
+    argv = logged(tmp_path)[-1]["argv"]
+    data = gpu_recipes.data_dir(call)
+    for flag, value in (("--limit", "21612"), ("--sglang-servers", "3"), ("--concurrency", "256"),
+                        ("--max-tokens", "256"), ("--temperature", "0"), ("--truncation", "keep_flag"),
+                        ("--output", str(data / "extra-regen.jsonl")), ("--serve", str(call.model_dir))):
+        assert argv[argv.index(flag) + 1] == value
+    assert argv[0] == str(ROOT / gpu_recipes.EXTRA_PROMPTS) and argv[1] == str(data / "extra-work")
+    with lzma.open(call.out / "extra-regen.jsonl.xz") as f:
+        assert f.read() == (data / "extra-regen.jsonl").read_bytes()
+    grown = (data / "train-data2x.jsonl").read_text().splitlines()
+    assert len(grown) == 32 + 21612 and not (data / "train-fcnorm.jsonl").exists()
+    assert gpu_recipes.run_phase(call, "regen", k) == DONE  # done: nothing regenerated again
+    assert len(logged(tmp_path)) == 2
 
 
 @HOLDS_CARGO

@@ -125,9 +125,12 @@ def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
         assert f"--speculative-num-steps {e.steps} " in e.command
     ports = [int(e.command.split(flag)[1].split()[0]) for e in entries for flag in ("--port ", "--nccl-port ")]
     assert len(set(ports)) == len(ports)
-    with pytest.raises(Exception, match="too many servers"):
+    with pytest.raises(Exception, match="too many for the port plan"):
         recipes.row_entries(list(recipes.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000,
                             chain=list(range(1, 8)))
+    only = recipes.row_entries(["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[1, 16], port=32000,
+                               chain=[1, 3, 6], chain_rows=["fcnorm"])  # the sweep for one row
+    assert [e.label for e in only] == ["baseline", "base", "fcnorm", "fcnorm S1", "fcnorm S3"]
 
 
 def test_table_splits_acceptance_by_prompt_set(tmp_path):
@@ -168,6 +171,11 @@ def test_report_by_chain_length(tmp_path):
         append_jsonl(out / "sglang" / "outputs" / f"{slug(label)}.jsonl", [
             {"index": 0, "output_ids": [], "completion_tokens": a, "spec_verify_ct": 10},
             {"index": 1, "output_ids": [], "completion_tokens": b, "spec_verify_ct": 6}])
+    append_jsonl(out / "sglang" / "windows.jsonl", [  # the first concurrency's windows: every server has one
+        {"label": "baseline", "concurrency": 16, "tokens_per_s": 400.0},
+        {"label": "base", "concurrency": 16, "tokens_per_s": 500.0},
+        {"label": "base", "concurrency": 1, "tokens_per_s": 90.0},
+        {"label": "base S2", "concurrency": 16, "tokens_per_s": 600.0}])
     df = recipes.write_report(out)
     assert list(df["row"]) == ["base"] and df.iloc[0]["sglang_acceptance_held_out"] == 3.0
     by_steps = pd.read_csv(out / "acceptance_by_steps.csv")
@@ -176,7 +184,41 @@ def test_report_by_chain_length(tmp_path):
         {"row": "base", "steps": 2, "set": "humaneval", "acceptance": 1.5},
         {"row": "base", "steps": 6, "set": "held_out", "acceptance": 3.0},
         {"row": "base", "steps": 6, "set": "humaneval", "acceptance": 2.0}]
+    speed = pd.read_csv(out / "speed_by_steps.csv")
+    assert speed.to_dict("records") == [
+        {"row": "base", "steps": 6, "concurrency": 16, "tok_s": 500.0, "speedup": 1.25},
+        {"row": "base", "steps": 2, "concurrency": 16, "tok_s": 600.0, "speedup": 1.5}]
     assert (out / "recipes_by_steps.png").is_file()
+
+
+def answered_rows(ids, answer="an answer") -> list[dict]:
+    return [{"id": i, "messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": answer}]}
+            for i in ids]
+
+
+def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_extra(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    append_jsonl(data / "train.jsonl", answered_rows(["t1", "t2"]))
+    regenerated = data / "extra-regen.jsonl"
+    append_jsonl(regenerated, answered_rows(["x1"]) + answered_rows(["x2"], answer="") + answered_rows(["x3", "x4"]))
+    train = str(data / "train.jsonl")
+    cfg = recipes.row_config("data2x", train, "v.jsonl", tmp_path / "study", "tiny", {})
+    assert cfg.train_file == str(data / "train-data2x.jsonl") and cfg.epochs == 2.5
+    assert recipes.row_config("base", train, "v.jsonl", tmp_path / "study", "tiny", {}).train_file == train
+    with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
+        recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
+    monkeypatch.setitem(recipes.EXTRA_ROWS, "data2x", 2)
+    assert recipes.grow_rows(["base", "data2x"], train, str(regenerated)) == {
+        "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}}
+    grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
+    assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
+    assert recipes.grow_rows(["data2x"], train, str(regenerated)) == {}  # written once
+    monkeypatch.setitem(recipes.EXTRA_ROWS, "data2x", 4)
+    (data / "train-data2x.jsonl").unlink()
+    with pytest.raises(Exception, match="extra-regen.jsonl: 3 answered conversations, fewer than the 4"):
+        recipes.grow_rows(["data2x"], train, str(regenerated))
+    assert not (data / "train-data2x.jsonl").exists()
 
 
 def measured_study(out, accepted: dict[str, int]):
