@@ -288,7 +288,7 @@ def regen_extra(call: Call, knobs: Knobs) -> int:
 def show_progress(call: Call, work: Path, stop: threading.Event) -> None:
     """`draftlab monitor WORK` (rows done, tok/s, ETA) every REGEN_SHOW_S until `stop`."""
     while not stop.wait(REGEN_SHOW_S):
-        if work.is_dir():
+        if (work / "manifest.json").is_file():  # written once the servers are up
             until(call.cli("monitor", work), min(time.time() + 30, call.deadline))
 
 
