@@ -308,3 +308,14 @@ def test_the_gguf_joined_from_its_carried_parts_is_checked(tmp_path, capsys):
         hashlib.sha256(b"part-aapart-ab").hexdigest())
     assert not gpu_call.ensure_gguf(call)
     assert "model.gguf: FAILED (sha256)" in capsys.readouterr().out and not (call.dl / "model.gguf").exists()
+
+
+def test_one_scripts_knob_does_not_break_another_commands_parser(monkeypatch):
+    """recipes.sh's CONCURRENCY=1,16 once failed every command: regen-servers' integer default was parsed eagerly."""
+    monkeypatch.setenv("CONCURRENCY", "1,16")
+    monkeypatch.setenv("K", "many")
+    assert gpu_step.parser().parse_args(["recipes", "measure"]).phase == "measure"
+    monkeypatch.setenv("CONCURRENCY", "256")
+    monkeypatch.setenv("K", "3")
+    args = gpu_step.parser().parse_args(["regen-servers"])
+    assert (args.concurrency, args.k, args.n, args.mem) == (256, 3, 4096, 0.5)

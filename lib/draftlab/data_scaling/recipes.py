@@ -444,7 +444,7 @@ def plot_by_steps(by_steps: pd.DataFrame, speed: pd.DataFrame, path: Path):
         a.legend(fontsize=8)
     ax.set_ylabel("acceptance length in SGLang")
     level = int(speed["concurrency"].iloc[0]) if not speed.empty else "?"
-    sx.set_ylabel(f"speedup over SGLang without a draft (concurrency {level})")
+    sx.set_ylabel(f"speedup over SGLang's baseline (c={level})")
     fig.suptitle("recipe study by chain length (SGLang 0.5.17, one H200)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -47,7 +47,7 @@ PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.t
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
 # published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
 # and train/summary.json
-PUBLISHED_RUNS = {"fcnorm": "results/recipes-2026-12-01/fcnorm"}
+PUBLISHED_RUNS = {row: f"results/recipes-2026-12-01/{row}" for row in ("fcnorm", "fcnorm-lr1e-3")}
 # the data-volume rows' prompts (draftlab recipes extra-prompts) and, once a session brought them back, their answers
 EXTRA_PROMPTS = "results/recipes-2026-12-01/data/extra-prompts.jsonl.xz"
 EXTRA_REGENERATED = "results/recipes-2026-12-01/data/extra-regen.jsonl.xz"

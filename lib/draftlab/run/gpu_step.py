@@ -101,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", parents=[common])
     s.add_argument("name", choices=[*gpu_bench.BENCHES, "generate"])
     s.add_argument("generate", nargs="*", metavar="NAME CACHE SIZES", help="for `bench generate`")
+    # a knob's string default is converted by `type` only when its command is the one run: recipes.sh's
+    # CONCURRENCY=1,16 is not regen-servers' integer
     env = os.environ.get
     s = sub.add_parser("sglang", parents=[common], help="a phase of scripts/gpu/sglang.sh")
     s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
@@ -108,17 +110,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("phase", nargs="?", default=env("PHASE") or "stash")
     sub.add_parser("draft-benches", parents=[common], help="scripts/gpu/bench_draft.sh")
     s = sub.add_parser("trace-setup", parents=[common], help="scripts/gpu/trace_train_setup.sh")
-    s.add_argument("--limit", type=float, default=float(env("LIMIT") or 400), help="each arch's s (LIMIT, else 400)")
+    s.add_argument("--limit", type=float, default=env("LIMIT") or "400", help="each arch's s (LIMIT, else 400)")
     s = sub.add_parser("regen-servers", parents=[common], help="scripts/gpu/regen_servers.sh")
-    s.add_argument("--k", type=int, default=int(env("K") or 4), help="servers (default: K, else 4)")
-    s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
-    s.add_argument("--concurrency", type=int, default=int(env("CONCURRENCY") or 512), help="per server")
-    s.add_argument("--mem", type=float, default=float(env("MEM") or 0.5), help="--mem-fraction-static")
+    s.add_argument("--k", type=int, default=env("K") or "4", help="servers (default: K, else 4)")
+    s.add_argument("--n", type=int, default=env("N") or "4096", help="rows (default: N, else 4096)")
+    s.add_argument("--concurrency", type=int, default=env("CONCURRENCY") or "512", help="per server")
+    s.add_argument("--mem", type=float, default=env("MEM") or "0.5", help="--mem-fraction-static")
     s.add_argument("--full", action=argparse.BooleanOptionalAction, default=(env("FULL") or "1") == "1",
                    help="then the whole train split through all K (default: FULL, else 1)")
     s = sub.add_parser("regen-feed", parents=[common], help="scripts/gpu/regen_feed.sh")
-    s.add_argument("--n", type=int, default=int(env("N") or 4096), help="rows (default: N, else 4096)")
-    s.add_argument("--c", type=int, default=int(env("C") or 1024), help="in flight (default: C, else 1024)")
+    s.add_argument("--n", type=int, default=env("N") or "4096", help="rows (default: N, else 4096)")
+    s.add_argument("--c", type=int, default=env("C") or "1024", help="in flight (default: C, else 1024)")
     return p
 
 
