@@ -113,6 +113,11 @@ def test_resume_is_exact(fixture_files, tmp_path):
     assert part["resumed_from_step"] is None and resumed["resumed_from_step"] == 3
     assert part["elapsed_total_s"] == part["elapsed_s"]
     assert resumed["elapsed_total_s"] > resumed["elapsed_s"] + 0.5 * part["elapsed_s"]
+    # and so do the tokens: the rate over every call is the straight run's tokens over the calls' seconds
+    epochs_tokens = straight["tokens_per_s"] * straight["elapsed_s"]
+    assert straight["tokens_per_s_all_calls"] == pytest.approx(straight["tokens_per_s"])
+    assert resumed["tokens_per_s_all_calls"] * resumed["elapsed_total_s"] == pytest.approx(epochs_tokens)
+    assert resumed["tokens_per_s"] * resumed["elapsed_s"] < epochs_tokens  # this call's alone: fewer
 
 
 @pytest.mark.slow

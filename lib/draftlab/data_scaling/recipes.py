@@ -364,7 +364,9 @@ def table(out: Path) -> pd.DataFrame:
         summary = out / row / "train" / "summary.json"
         if summary.is_file():
             s = json.loads(summary.read_text())
-            line.update({"train_minutes": s["elapsed_total_s"] / 60, "train_tok_s": s["tokens_per_s"],
+            # the rate over every call (summaries from before 2026-12-02 have only the last call's)
+            line.update({"train_minutes": s["elapsed_total_s"] / 60,
+                         "train_tok_s": s.get("tokens_per_s_all_calls") or s["tokens_per_s"],
                          "val_sim_acceptance": (s.get("eval") or {}).get("sim_accept_len"),
                          "val_acc_0": (s.get("eval") or {}).get("acc_0")})
         lines.append(line)

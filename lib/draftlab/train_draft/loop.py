@@ -252,8 +252,9 @@ class TrainingRun:
         self.where = [(e, plan, j) for e, plan, steps in self.plans for j in range(steps)]
 
     def restore(self) -> None:
-        """Resume: the latest checkpoint of out_dir, if its recipe is this one; training seconds carried on."""
-        self.step, self.prior_s = 0, 0.0
+        """Resume: the latest checkpoint of out_dir, if its recipe is this one; training seconds and tokens
+        carried on (prior_tokens None: a checkpoint from before tokens were recorded)."""
+        self.step, self.prior_s, self.prior_tokens = 0, 0.0, 0
         if not self.resume:
             return
         if self.is_main:
@@ -264,7 +265,9 @@ class TrainingRun:
             return
         _check_same_recipe(ck, self.cfg)
         self.step = _restore(ck, self.draft, self.opt, self.sched, self.device)
-        self.prior_s = float(json.loads((ck / "state.json").read_text()).get("train_elapsed_s", 0.0))
+        state = json.loads((ck / "state.json").read_text())
+        self.prior_s = float(state.get("train_elapsed_s", 0.0))
+        self.prior_tokens = state.get("train_tokens_seen", None if self.prior_s else 0)
         if self.is_main:
             print(f"resumed from {ck} at step {self.step}/{self.total_steps}", flush=True)
 
@@ -310,9 +313,13 @@ class TrainingRun:
         return summarize(stats.cpu(), cfg.step_decay)
 
     def where_now(self, epoch, j) -> dict:
-        """What a checkpoint records besides the tensors: data position and training seconds so far."""
+        """What a checkpoint records besides the tensors: data position, training seconds and tokens so far."""
         return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": self.total_steps,
-                "train_elapsed_s": self.prior_s + time.time() - self.t0}
+                "train_elapsed_s": self.prior_s + time.time() - self.t0, "train_tokens_seen": self.tokens_so_far()}
+
+    def tokens_so_far(self) -> int | None:
+        """Tokens trained on (non-padding) over every call of this run (None when an old checkpoint did not record them)."""
+        return None if self.prior_tokens is None else self.prior_tokens + self.tok_seen * self.world
 
     def train_step(self, epoch, plan, j):
         """One optimizer step over this rank's grad_accum micro-batches; its summed stats."""
@@ -409,7 +416,9 @@ class TrainingRun:
                   "train_stats": self.train_stats, "val_stats": self.val_stats, "elapsed_s": elapsed,
                   "elapsed_total_s": self.prior_s + elapsed, "resumed_from_step": self.started or None,
                   "hidden_precompute_s": self.phases["hidden"],
-                  "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),
+                  "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),  # this call's (with its warm-up)
+                  "tokens_per_s_all_calls": (None if self.tokens_so_far() is None
+                                             else self.tokens_so_far() / max(self.prior_s + elapsed, 1e-9)),
                   "train_tokens": sum(self.lengths), "vocab_coverage": coverage(self.counts, self.draft_ids),
                   "world": self.world}
         if self.is_main:
