@@ -318,7 +318,7 @@ class TrainingRun:
                 "train_elapsed_s": self.prior_s + time.time() - self.t0, "train_tokens_seen": self.tokens_so_far()}
 
     def tokens_so_far(self) -> int | None:
-        """Tokens trained on (non-padding) over every call of this run (None when an old checkpoint did not record them)."""
+        """Non-padding tokens trained on over every call of this run (None: an old checkpoint lacks them)."""
         return None if self.prior_tokens is None else self.prior_tokens + self.tok_seen * self.world
 
     def train_step(self, epoch, plan, j):
