@@ -278,3 +278,45 @@ def test_extra_prompts_are_the_larger_blends_that_the_reference_has_not_seen(tmp
     with pytest.raises(Exception, match="3 prompts the reference has not seen, fewer than 4"):
         extra_prompts(blend, [seen], 4, tmp_path / "more.jsonl.xz")
     assert not (tmp_path / "more.jsonl.xz").exists()
+
+
+def test_core_acceptance_se_is_the_bootstrap_spread_over_requests():
+    from draftlab.core.acceptance import acceptance_se
+
+    assert acceptance_se([10], [5]) is None  # one request: no spread
+    assert acceptance_se([10, 10, 10], [5, 5, 5]) == 0.0
+    wide, narrow = acceptance_se([30, 10] * 8, [10, 10] * 8), acceptance_se([30, 10] * 64, [10, 10] * 64)
+    assert 0 < narrow < wide and narrow == pytest.approx(wide / 8**0.5, rel=0.25)  # ~1/sqrt(requests): 16 vs 128
+
+
+def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
+    from draftlab.data_scaling.size_curve import write_size_curve
+
+    study = tmp_path / "study"
+    (study / "sglang" / "outputs").mkdir(parents=True)
+    sizes = {"n1351": 1351, "n2702": 2702, "n5403": 5403, "n10806": 10806, "base": 21612}
+    entries = recipes.row_entries([*sizes, "fcnorm"], study, "/m", steps=6, concurrency=[16], port=32000)
+    plan = {"steps": 6, "sets": {"held_out": [0, 8], "humaneval": [8, 9]}, "concurrency": [16],
+            "entries": [e.__dict__ for e in entries]}
+    (study / "sglang" / "plan.json").write_text(json.dumps(plan))
+    for k, row in enumerate([*sizes, "fcnorm"]):
+        target = 4.0 - 2.0 * (1351 * 2**k / 1000) ** -0.5  # a saturating truth, 8 prompts each, some spread
+        append_jsonl(study / "sglang" / "outputs" / f"{slug(row)}.jsonl", [
+            {"index": i, "output_ids": [], "completion_tokens": round(10 * target) + (i % 3) - 1, "spec_verify_ct": 10}
+            for i in range(9)])
+        (study / row / "train").mkdir(parents=True)
+        (study / row / "train" / "summary.json").write_text(json.dumps({
+            "train_stats": {"kept": sizes.get(row, 21612)}, "elapsed_total_s": 60.0 * 2**k, "tokens_per_s": 1.0}))
+    regeneration = {"tok_s": 48000.0, "mean_completion_tokens": 240.0}
+    got = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
+    assert [p["row"] for p in got["points"]] == list(sizes)  # fcnorm changes the recipe: not a size point
+    assert [p["n"] for p in got["points"]] == list(sizes.values())
+    assert all(p["sglang_acceptance_se"] > 0 and p["prompts"] == 8 for p in got["points"])
+    extra = got["extrapolation"]["eagle3"]
+    assert extra["n_new"] == 216120 and extra["measured_now"] == got["points"][-1]["sglang_acceptance"]
+    assert extra["regeneration_hours"] == pytest.approx((216120 - 21612) * 240 / 48000 / 3600)
+    assert extra["training_hours_at_new_size"] == pytest.approx(960 / 21612 * 216120 / 3600)
+    assert extra["loglinear"]["ok"] and extra["saturating"]["ok"]
+    assert extra["saturating"]["pred_new"] < extra["loglinear"]["pred_new"]  # it bends, log-linear does not
+    assert json.loads((tmp_path / "curve" / "size_curve.json").read_text())["points"] == got["points"]
+    assert (tmp_path / "curve" / "size_curve.png").is_file()

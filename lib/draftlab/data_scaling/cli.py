@@ -6,12 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
+from draftlab.core.records import read_jsonl
+from draftlab.data_scaling.fits import completion_tokens
 from draftlab.data_scaling.recipes import (
     EXTRA_ROWS,
     MEASURED_CONCURRENCY,
     ROWS,
     SPEED_VARIANTS,
     check_speed,
+    combined_table,
     deadline_from,
     grow_rows,
     measure_rows,
@@ -20,6 +23,7 @@ from draftlab.data_scaling.recipes import (
     write_combined,
     write_report,
 )
+from draftlab.data_scaling.size_curve import write_size_curve
 from draftlab.data_scaling.volume import extra_prompts
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
@@ -83,6 +87,18 @@ def add_recipes_parser(subparsers) -> None:
     c.add_argument("--out", required=True, help="folder for table.csv and recipes.png")
     c.set_defaults(func=_combine)
 
+    z = sub.add_parser("size-curve", help="the data-size rows' SGLang acceptance vs conversations, fits and the "
+                                          "extrapolation: OUT/size_curve.json and .png")
+    z.add_argument("--studies", required=True, help="comma-separated study folders, oldest first (the last wins)")
+    z.add_argument("--out", required=True)
+    z.add_argument("--regen-tok-s", type=float, required=True,
+                   help="measured output tok/s of regenerating with the target (e.g. recipes.sh PHASE=regen's log)")
+    z.add_argument("--regen-source", required=True, help="where that rate was measured (kept in the JSON)")
+    z.add_argument("--regenerated", default="results/reference/data/regen/train.jsonl.xz",
+                   help="a regenerated set: its mean answer tokens per conversation")
+    z.add_argument("--factor", type=float, default=10.0, help="extrapolate to FACTOR x the largest set")
+    z.set_defaults(func=_size_curve)
+
     e = sub.add_parser("extra-prompts", help="the data-volume row's prompts: a larger blend's that the reference "
                                              "has not seen")
     e.add_argument("--blend-train", required=True, help="the larger blend's train split (blend-offline-large.yaml)")
@@ -142,6 +158,16 @@ def _combine(args: argparse.Namespace) -> int:
 
 def _grow(args: argparse.Namespace) -> int:
     print(json.dumps(grow_rows(_rows(args.rows), args.train_file, args.regenerated)))
+    return 0
+
+
+def _size_curve(args: argparse.Namespace) -> int:
+    tokens = completion_tokens(list(read_jsonl(args.regenerated)))
+    regeneration = {"tok_s": args.regen_tok_s, "tok_s_source": args.regen_source,
+                    "mean_completion_tokens": sum(tokens) / len(tokens), "tokens_source": args.regenerated}
+    result = write_size_curve(combined_table([Path(s) for s in _rows(args.studies)]), Path(args.out), regeneration,
+                              factor=args.factor)
+    print(json.dumps({"points": result["points"], "extrapolation": result["extrapolation"]}, indent=1))
     return 0
 
 

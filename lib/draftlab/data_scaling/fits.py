@@ -100,6 +100,11 @@ def fit_all(results: list[dict], metric: str = "sim_accept_len") -> dict:
 # ---------------------------------------------------------------------------------- costs and extrapolation
 
 
+def completion_tokens(rows: list[dict]) -> list[int]:
+    """Each regenerated conversation's answer tokens (its rows' meta.regen counts, every turn)."""
+    return [sum(x or 0 for x in (r.get("meta", {}).get("regen", {}).get("completion_tokens") or [])) for r in rows]
+
+
 def regen_throughput(run_dir) -> dict:
     """Completion tokens/s of regeneration and mean completion tokens per training conversation.
 
@@ -108,7 +113,7 @@ def regen_throughput(run_dir) -> dict:
     """
     run_dir = Path(run_dir)
     rows = list(read_jsonl(run_dir / "data" / "regen" / "train.jsonl"))
-    tokens = [sum(x or 0 for x in (r.get("meta", {}).get("regen", {}).get("completion_tokens") or [])) for r in rows]
+    tokens = completion_tokens(rows)
     out = {"conversations": len(rows), "completion_tokens": int(sum(tokens)),
            "mean_completion_tokens": float(np.mean(tokens)) if tokens else None, "tok_s": None, "tok_s_source": None}
     metrics = run_dir / "metrics.json"
@@ -136,7 +141,8 @@ def _find_key(obj, key):
     return None
 
 
-def extrapolate(fits: dict, results: list[dict], regen: dict, factor: float = 10.0, goal: float | None = None) -> dict:
+def extrapolate(fits: dict, results: list[dict], regen: dict, factor: float = 10.0, goal: float | None = None,
+                metric: str = "sim_accept_len") -> dict:
     """Predicted acceptance at factor x the largest subset (95% band) per architecture and model,
     with the regeneration and training time the extra data would cost."""
     out = {}
@@ -149,7 +155,7 @@ def extrapolate(fits: dict, results: list[dict], regen: dict, factor: float = 10
         extra_rows = n_new - n_max
         regen_s = (extra_rows * regen["mean_completion_tokens"] / regen["tok_s"]
                    if regen.get("tok_s") and regen.get("mean_completion_tokens") else None)
-        entry = {"n_now": n_max, "n_new": n_new, "measured_now": max((r["sim_accept_len"] for r in rows
+        entry = {"n_now": n_max, "n_new": n_new, "measured_now": max((r[metric] for r in rows
                                                                        if r["n"] == n_max), default=None),
                  "extra_conversations": extra_rows,
                  "regeneration_hours": regen_s / 3600 if regen_s is not None else None,
