@@ -52,6 +52,7 @@ THREADS = 1  # torch CPU threads (1 is faster on a busy shared CPU)
 TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds; 0 for no limit
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
 GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
+SGLANG_STUDIES = []  # recipe-study folders (draftlab recipes) whose data-size rows give the SGLang curve; [] skips
 
 # %%
 from draftlab import data_scaling as scaling
@@ -128,6 +129,19 @@ print("\n".join(summary_lines))
 # %%
 nb.save_metrics(run, scaling.study_metrics(plan, settings, plan.notes + recipe_notes + extra_notes, study, fits,
                                            chain_fits, regen, extrapolation, chain_extrapolation, summary_lines))
+
+# %% [markdown]
+# ## 4 · The same question in SGLang
+# The recipe study (`draftlab recipes`, issue 18) trains data-size rows with the reference recipe on the
+# regenerated set's first 1,351 / 2,702 / 5,403 / 10,806 conversations and on all of it (`base`), each at 5
+# epochs (steps in proportion to the samples), and measures every draft in SGLang at chain S = 6 on the same
+# 64 held-out prompts. Their acceptance, with a bootstrap error over prompts, gets the fits above; the extra
+# data is priced at this run's regeneration rate and the largest point's training time. An SGLang figure,
+# not a simulated one: the number a server user gets.
+
+# %%
+sglang_curve, fig = scaling.sglang_size_curve(SGLANG_STUDIES, work / "sglang", regen, FACTOR, GOAL)
+nb.save_figure(run, fig, "sglang_acceptance_vs_data")
 
 # %% [markdown]
 # ## Findings

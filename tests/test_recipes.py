@@ -290,7 +290,7 @@ def test_core_acceptance_se_is_the_bootstrap_spread_over_requests():
 
 
 def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
-    from draftlab.data_scaling.size_curve import write_size_curve
+    from draftlab.data_scaling.size_curve import sglang_size_curve, size_curve_lines, write_size_curve
 
     study = tmp_path / "study"
     (study / "sglang" / "outputs").mkdir(parents=True)
@@ -308,7 +308,8 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
         (study / row / "train" / "summary.json").write_text(json.dumps({
             "train_stats": {"kept": sizes.get(row, 21612)}, "elapsed_total_s": 60.0 * 2**k, "tokens_per_s": 1.0}))
     regeneration = {"tok_s": 48000.0, "mean_completion_tokens": 240.0}
-    got = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
+    got, fig = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
+    assert fig is not None
     assert [p["row"] for p in got["points"]] == list(sizes)  # fcnorm changes the recipe: not a size point
     assert [p["n"] for p in got["points"]] == list(sizes.values())
     assert all(p["sglang_acceptance_se"] > 0 and p["prompts"] == 8 for p in got["points"])
@@ -320,3 +321,7 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     assert extra["saturating"]["pred_new"] < extra["loglinear"]["pred_new"]  # it bends, log-linear does not
     assert json.loads((tmp_path / "curve" / "size_curve.json").read_text())["points"] == got["points"]
     assert (tmp_path / "curve" / "size_curve.png").is_file()
+    lines = size_curve_lines(got)
+    assert lines[0].startswith("n1351: 1,351 conversations -> ") and "saturating: " in lines[-2]
+    assert lines[-1].startswith(f"the extra 194,508 conversations: {extra['regeneration_hours']:.2f} h")
+    assert sglang_size_curve([], tmp_path / "none", regeneration) == (None, None)

@@ -14,7 +14,6 @@ from draftlab.data_scaling.recipes import (
     ROWS,
     SPEED_VARIANTS,
     check_speed,
-    combined_table,
     deadline_from,
     grow_rows,
     measure_rows,
@@ -23,7 +22,7 @@ from draftlab.data_scaling.recipes import (
     write_combined,
     write_report,
 )
-from draftlab.data_scaling.size_curve import write_size_curve
+from draftlab.data_scaling.size_curve import sglang_size_curve
 from draftlab.data_scaling.volume import extra_prompts
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
@@ -165,9 +164,7 @@ def _size_curve(args: argparse.Namespace) -> int:
     tokens = completion_tokens(list(read_jsonl(args.regenerated)))
     regeneration = {"tok_s": args.regen_tok_s, "tok_s_source": args.regen_source,
                     "mean_completion_tokens": sum(tokens) / len(tokens), "tokens_source": args.regenerated}
-    result = write_size_curve(combined_table([Path(s) for s in _rows(args.studies)]), Path(args.out), regeneration,
-                              factor=args.factor)
-    print(json.dumps({"points": result["points"], "extrapolation": result["extrapolation"]}, indent=1))
+    sglang_size_curve(_rows(args.studies), Path(args.out), regeneration, factor=args.factor)
     return 0
 
 

@@ -16,9 +16,10 @@ import pandas as pd
 
 from draftlab.core.acceptance import acceptance_length, acceptance_se
 from draftlab.core.files import atomic_write_json
+from draftlab.core.paths import repo_path
 from draftlab.data_scaling.figures import fits_as_dict, plot_scaling
 from draftlab.data_scaling.fits import extrapolate, fit_all
-from draftlab.data_scaling.recipes import replies_of, served
+from draftlab.data_scaling.recipes import combined_table, replies_of, served
 
 SIZE_ROWS = ("n1351", "n2702", "n5403", "n10806", "base", "data2x-5ep")
 METRIC = "sglang_acceptance"
@@ -41,18 +42,55 @@ def size_points(combined: pd.DataFrame) -> list[dict]:
 
 
 def write_size_curve(combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0,
-                     goal: float = 4.0) -> dict:
+                     goal: float = 4.0) -> tuple[dict, object]:
     """OUT/size_curve.json (points, fits, the extrapolation to `factor` x the largest set with its
     regeneration and training hours) and OUT/size_curve.png; `regeneration` is a measured
-    {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its source."""
+    {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its source.
+    Returns (that result, the figure; None without a point)."""
     points = size_points(combined)
     fits = fit_all(points, metric=METRIC) if points else {}
     result = {"points": points, "fits": fits_as_dict(fits), "regeneration": regeneration,
               "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
               "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipes.ROWS)"}
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
+    fig = None
     if points:
         fig = plot_scaling(points, fits, factor, goal, metric=METRIC)
         fig.axes[0].set_ylabel("acceptance length in SGLang, held-out (chain S = 6)")
+        fig.axes[0].set_title("The recipe study's data-size rows in SGLang (bars and bands: 95%)")
         fig.savefig(out / "size_curve.png", dpi=120)
-    return result
+    return result, fig
+
+
+def size_curve_lines(result: dict) -> list[str]:
+    """What the curve says, from its own figures: each point, each fit at the extrapolated size, the cost."""
+    if not result["points"]:
+        return ["no data-size row measured in SGLang yet (recipes.sh with ROWS=n1351,...)"]
+    lines = [f"{p['row']}: {p['n']:,} conversations -> {p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f} "
+             f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
+             for p in result["points"]]
+    extra = result["extrapolation"].get("eagle3", {})
+    for model in ("loglinear", "saturating"):
+        fit = extra.get(model, {})
+        lines.append(f"{model}: {fit['pred_new']:.2f} at {extra['n_new']:,.0f} conversations (95%: "
+                     f"{fit['band_new'][0]:.2f}-{fit['band_new'][1]:.2f})" if fit.get("ok")
+                     else f"{model}: no fit ({fit.get('reason', 'no points')})")
+    if extra.get("regeneration_hours") is not None:
+        lines.append(f"the extra {extra['extra_conversations']:,.0f} conversations: "
+                     f"{extra['regeneration_hours']:.2f} h of regeneration at "
+                     f"{result['regeneration']['tok_s']:,.0f} tok/s, then "
+                     f"{extra['training_hours_at_new_size']:.2f} h of training at the largest point's rate")
+    return lines
+
+
+def sglang_size_curve(studies: list[str], out: Path, regeneration: dict, factor: float = 10.0,
+                      goal: float = 4.0) -> tuple[dict | None, object]:
+    """Notebook 07's section in SGLang: the curve of these recipe-study folders (none given: (None, None)),
+    printed; returns (result, figure)."""
+    if not studies:
+        print("no recipe-study folders given (SGLANG_STUDIES): the SGLang curve is skipped")
+        return None, None
+    result, fig = write_size_curve(combined_table([repo_path(s) for s in studies]), out, regeneration, factor, goal)
+    print("\n".join(size_curve_lines(result)))
+    return result, fig
