@@ -33,10 +33,11 @@ def size_points(combined: pd.DataFrame) -> list[dict]:
         sets = json.loads((study / "sglang" / "plan.json").read_text())["sets"]
         tokens, verify = served(replies_of(study / "sglang", line["row"]), range(*sets["held_out"]))
         summary = json.loads((study / line["row"] / "train" / "summary.json").read_text())
-        if acceptance_length(tokens, verify) is None:
+        acceptance = acceptance_length(tokens, verify)
+        if acceptance is None:
             continue
         points.append({"arch": "eagle3", "source": "scaling", "row": line["row"], "n": summary["train_stats"]["kept"],
-                       METRIC: acceptance_length(tokens, verify), f"{METRIC}_se": acceptance_se(tokens, verify),
+                       METRIC: acceptance, f"{METRIC}_se": acceptance_se(tokens, verify),
                        "prompts": len(tokens), "train_s": summary["elapsed_total_s"]})
     return sorted(points, key=lambda p: p["n"])
 
