@@ -20,7 +20,8 @@
 # **In → out:** `RUN_DIR/data/regen/` (notebook 03; and 04's drafts when trained with the same
 # recipe) → drafts on nested subsets, held-out acceptance (simulated, and real chain decoding at
 # S steps), fitted curves with 95% bands, the extrapolation and its cost, two figures, `metrics.json`.
-# **Hardware / runtime:** quick ~3 min on a 2-core CPU (tiny subsets); full ~8-12 min on one H200.
+# **Hardware / runtime:** quick ~3 min on a 2-core CPU (tiny subsets); full ~15 min on one H200 (estimated
+# from 6.7 training steps/s: 2,347 steps per architecture at five sizes; not yet run at these sizes).
 # Resumable: each (architecture, size) is saved as soon as it is done and skipped on a rerun.
 
 # %% tags=["parameters"]
