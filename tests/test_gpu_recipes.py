@@ -217,10 +217,23 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
     assert gpu_recipes.run_phase(call, "regen", k) == AGAIN
     assert not (call.out / "extra-regen.jsonl.xz").exists() and "regeneration: exit 124" in capsys.readouterr().out
     monkeypatch.delenv("FAKE_REGEN_SLOW")
+    data = gpu_recipes.data_dir(call)
+    (data / "extra-work" / "shards").mkdir(parents=True)  # as a cut `draftlab regenerate` leaves it
+    (data / "extra-work" / "shards" / "part-00000.jsonl").write_text('{"id": "x0"}\n')
+    (data / "extra-work" / "sglang-0.log").write_text("server log")
+    call.deadline = int(time.time()) + 33
+    monkeypatch.setenv("FAKE_REGEN_SLOW", "1")
+    assert gpu_recipes.run_phase(call, "regen", k) == AGAIN  # cut again: its work folder comes back
+    with tarfile.open(call.out / "extra-work.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["extra-work", "extra-work/shards", "extra-work/shards/part-00000.jsonl"]
+    monkeypatch.delenv("FAKE_REGEN_SLOW")
+    shutil.rmtree(data / "extra-work")  # a cold machine: the carried work folder resumes
+    monkeypatch.setattr(gpu_recipes, "REGEN_PARTIAL", str(call.out / "extra-work.tar.gz"))
     call.deadline = int(time.time()) + 600
     assert gpu_recipes.run_phase(call, "regen", k) == DONE
+    assert (data / "extra-work/shards/part-00000.jsonl").is_file()
+    assert "resuming the regeneration" in capsys.readouterr().out
     argv = logged(tmp_path)[-1]["argv"]
-    data = gpu_recipes.data_dir(call)
     for flag, value in (("--limit", "21612"), ("--sglang-servers", "3"), ("--concurrency", "256"),
                         ("--max-tokens", "256"), ("--temperature", "0"), ("--truncation", "keep_flag"),
                         ("--output", str(data / "extra-regen.jsonl")), ("--serve", str(call.model_dir))):
@@ -231,7 +244,7 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
     grown = (data / "train-data2x.jsonl").read_text().splitlines()
     assert len(grown) == 32 + 21612 and not (data / "train-fcnorm.jsonl").exists()
     assert gpu_recipes.run_phase(call, "regen", k) == DONE  # done: nothing regenerated again
-    assert len(logged(tmp_path)) == 2
+    assert len(logged(tmp_path)) == 3
 
 
 @HOLDS_CARGO
