@@ -6,11 +6,15 @@
 #            of the reference recipe by each objective variant of SPEED_VARIANTS, e.g. eager and compiled);
 #            then `draftlab recipes train` of ROWS, PARALLEL at a time, until the deadline (exit 3: call again)
 #   speed    set-up, benchmarks/tokenize_profile.py on 300 rows, the speed check on SPEED_SAMPLES rows
+#   regen    SGLang from the bundle, then the data-volume rows' extra prompts regenerated through REGEN_SERVERS
+#            servers (3: call again, carrying OUT/extra-work.tar.gz back as .device/extra-work.tar.gz);
+#            sends back OUT/extra-regen.jsonl.xz (commit it as results/recipes-2026-12-01/data/extra-regen.jsonl.xz)
 #   measure  SGLang from the bundle, then `draftlab recipes measure` of every trained row (and `base`, the
 #            published draft) on the held-out split and HumanEval; the report
 # Results: $OUT/recipes.tar.gz (no weights) every call; $OUT/log.
 # The phases and their knobs (ROWS, PARALLEL, SPEED_STEPS, SPEED_SAMPLES, SPEED_VARIANTS, TRAIN_SET, SAMPLES,
-# HUMANEVAL, RECIPES_TARGET, PREFIX, BUDGET_S): the docstring of draftlab.run.gpu_recipes.
+# HUMANEVAL, RECIPES_TARGET, CHAIN, CHAIN_ROWS, CONCURRENCY, PUBLISHED, SEND_DRAFTS, REGEN_ROWS, REGEN_SERVERS,
+# REGEN_CONCURRENCY, PREFIX, BUDGET_S): the docstring of draftlab.run.gpu_recipes.
 # Exit 0: done; 3: call again with the same PHASE; 1: failed; 2: an unknown PHASE.
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}
