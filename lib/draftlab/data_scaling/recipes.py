@@ -58,6 +58,9 @@ ROWS = {
     "eagle1": ({"arch": "eagle1"}, "the EAGLE-1-style draft (final state, no fc) on the same data"),
     # not one change: the two levers that paid in SGLang (2026-12-02: +13% and +12% held-out), together
     "fcnorm-lr1e-3": ({"fc_norm": "per_layer", "lr": 1e-3}, "fcnorm and lr1e-3 together: do the gains add up?"),
+    # the EAGLE-1-style draft with the best recipe's learning rate (it has no fc to norm): the like-for-like ratio
+    "eagle1-lr1e-3": ({"arch": "eagle1", "lr": 1e-3}, "the EAGLE-1-style draft at lr 1e-3: EAGLE-3's lead at the "
+                      "best recipe"),
     # data size at the same 5 epochs (steps proportional to the samples): nested subsets, the train file's first N
     # (its order is the blend's shuffle); with base (21,612) and data2x-5ep the points of size_curve
     **{f"n{round(21612 / k)}": ({"max_train_samples": round(21612 / k)},
