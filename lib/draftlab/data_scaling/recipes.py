@@ -413,8 +413,8 @@ def write_combined(studies: list[Path], out: Path) -> pd.DataFrame:
     return df
 
 
-def plot(df: pd.DataFrame, path: Path, steps: int = 6):
-    """Acceptance in SGLang per row (held-out and HumanEval bars), the reference recipe's as a line."""
+def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
+    """Acceptance in SGLang per row (held-out and HumanEval bars), the reference recipe's and the goal as lines."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
 
     fig, ax = plt.subplots(figsize=(1.2 * len(df) + 3, 4))
@@ -425,10 +425,12 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6):
     if "base" in set(df["row"]):
         ax.axhline(float(df.loc[df["row"] == "base", "sglang_acceptance_held_out"].iloc[0]), color="grey", ls="--",
                    lw=1, label="base, held-out")
+    ax.axhline(goal, color="green", ls="-.", lw=1, label=f"goal {goal:g} (issue 18)")
     ax.set_xticks(list(x), df["row"])
+    ax.set_ylim(0, 1.25 * max(goal, float(df["sglang_acceptance_held_out"].max())))  # room for the legend
     ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
     ax.set_title("recipe study: one row per recipe\n(measured in SGLang 0.5.17, one H200)")
-    ax.legend()
+    ax.legend(ncol=4, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
