@@ -17,7 +17,7 @@ from tests.test_train import write_fixture
 
 from draftlab.run import gpu_recipes
 from draftlab.run.gpu_call import Call
-from draftlab.run.gpu_recipes import AGAIN, DONE, Knobs
+from draftlab.run.gpu_recipes import AGAIN, DONE, FAILED, Knobs
 from test_gpu_sglang import HOLDS_CARGO, logged, stand_in_python, wrapper_stash_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,6 +245,19 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
     assert len(grown) == 32 + 21612 and not (data / "train-fcnorm.jsonl").exists()
     assert gpu_recipes.run_phase(call, "regen", k) == DONE  # done: nothing regenerated again
     assert len(logged(tmp_path)) == 3
+
+
+def test_one_call_runs_several_phases_in_order(call, tmp_path, monkeypatch, capsys):
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
+    k = knobs(call, tmp_path, ROWS="data2x", REGEN_ROWS=5)
+    assert gpu_recipes.run_phase(call, "stash bogus", k) == 2
+    assert "unknown PHASE stash bogus: expected" in capsys.readouterr().out
+    assert gpu_recipes.run_phase(call, "regen measure", k) == FAILED  # 5 answers: too few for data2x's 21,612
+    assert [r["argv"][0] for r in logged(tmp_path)] == [str(ROOT / gpu_recipes.EXTRA_PROMPTS)]  # measure never ran
+    k.rows = ["fcnorm"]  # a row that needs no extra data
+    assert gpu_recipes.run_phase(call, "regen measure", k) == DONE
+    assert logged(tmp_path)[-1]["argv"][:2] == ["--rows", "base,fcnorm"]
 
 
 @HOLDS_CARGO

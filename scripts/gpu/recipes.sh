@@ -11,6 +11,7 @@
 #            sends back OUT/extra-regen.jsonl.xz (commit it as results/recipes-2026-12-01/data/extra-regen.jsonl.xz)
 #   measure  SGLang from the bundle, then `draftlab recipes measure` of every trained row (and `base`, the
 #            published draft) on the held-out split and HumanEval; the report
+# PHASE may name several, run in order within the call: PHASE="regen train".
 # Results: $OUT/recipes.tar.gz (no weights) every call; $OUT/log.
 # The phases and their knobs (ROWS, PARALLEL, SPEED_STEPS, SPEED_SAMPLES, SPEED_VARIANTS, TRAIN_SET, SAMPLES,
 # HUMANEVAL, RECIPES_TARGET, CHAIN, CHAIN_ROWS, CONCURRENCY, PUBLISHED, SEND_DRAFTS, REGEN_ROWS, REGEN_SERVERS,

@@ -9,6 +9,7 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
              the speed check on SPEED_SAMPLES rows
     measure  SGLang from the bundle, then `draftlab recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
+PHASE may name several, run in order within one call ("regen train").
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head, offline; none: no check),
 TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
@@ -360,13 +361,18 @@ def with_sglang(call: Call, knobs: Knobs, step) -> int:
 
 
 def run_phase(call: Call, phase: str, knobs: Knobs | None = None) -> int:
+    """PHASE, or several in one call one after the other ("regen train": the time regeneration leaves goes to
+    training), each until the call's deadline; the first that is not done ends the call with its exit code."""
     knobs = knobs or Knobs.from_env(call)
     data_dir(call).mkdir(parents=True, exist_ok=True)
     call.out.mkdir(parents=True, exist_ok=True)
-    if phase == "stash":
-        return DONE
-    phases = {"speed": speed, "train": train, "regen": regen, "measure": measure}
-    if phase not in phases:
-        call.say(f"unknown PHASE {phase}")
+    phases = {"stash": lambda c, k: DONE, "speed": speed, "train": train, "regen": regen, "measure": measure}
+    unknown = [p for p in phase.split() if p not in phases]
+    if unknown or not phase.split():
+        call.say(f"unknown PHASE {phase}: expected one or more of {', '.join(phases)}")
         return 2
-    return phases[phase](call, knobs)
+    for name in phase.split():
+        rc = phases[name](call, knobs)
+        if rc != DONE:
+            return rc
+    return DONE
