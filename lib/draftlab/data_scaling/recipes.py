@@ -332,15 +332,25 @@ def speed_by_steps(out: Path) -> pd.DataFrame:
     window) and the speedup over the plain baseline's in the same run: which S pays at that batch size."""
     sglang = out / "sglang"
     plan = json.loads((sglang / "plan.json").read_text())
-    levels = plan.get("concurrency", [])
-    first = int(levels if isinstance(levels, int) else levels[0])
-    tok_s = _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
+    first = int(_levels(plan)[0])
+    tok_s = _measured_tok_s(sglang)
     base = tok_s.get(("baseline", first))
     lines = [{"row": e["label"].split(" S")[0], "steps": e["steps"], "concurrency": first,
               "tok_s": tok_s.get((e["label"], first)),
               "speedup": tok_s[(e["label"], first)] / base if base and (e["label"], first) in tok_s else None}
              for e in plan["entries"] if e["algorithm"]]
     return pd.DataFrame(lines, columns=["row", "steps", "concurrency", "tok_s", "speedup"])
+
+
+def _levels(plan: dict) -> list[int]:
+    """The concurrencies a study measured (a study measured at one stored it as an int: 2026-12-01)."""
+    levels = plan.get("concurrency", [])
+    return [levels] if isinstance(levels, int) else levels
+
+
+def _measured_tok_s(sglang: Path) -> dict[tuple[str, int], float]:
+    """(label, concurrency) -> median tok/s of a study's measured windows (none yet: {})."""
+    return _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
 
 
 def _tok_s(windows: list[dict]) -> dict[tuple[str, int], float]:
@@ -358,9 +368,8 @@ def table(out: Path) -> pd.DataFrame:
     sglang = out / "sglang"
     plan = json.loads((sglang / "plan.json").read_text())
     sets = {k: range(*v) for k, v in plan["sets"].items()}
-    levels = plan.get("concurrency", [])
-    levels = [levels] if isinstance(levels, int) else levels  # a study measured at one concurrency (2026-12-01)
-    tok_s = _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
+    levels = _levels(plan)
+    tok_s = _measured_tok_s(sglang)
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]

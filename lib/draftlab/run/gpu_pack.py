@@ -37,6 +37,12 @@ def human(n: int) -> str:
     return str(n) if units[0] == "" else (f"{x:.1f}{units[0]}" if x < 10 else f"{x:.0f}{units[0]}")
 
 
+def xz_copy(src: Path, dst: Path, check: bool = False) -> int:
+    """src compressed into dst (xz -9 on every core): how a regenerated set comes back; xz's exit code."""
+    with open(dst, "wb") as out:
+        return subprocess.run(["xz", "-T0", "-9", "-c", str(src)], stdout=out, check=check).returncode
+
+
 def tar_gz_without(src: Path, arcname: str, out: Path, excludes) -> None:
     """src as arcname in out (gzip), without any path whose part matches one of the patterns (tar's --exclude)."""
     def keep(info: tarfile.TarInfo):

@@ -33,7 +33,6 @@ import json
 import lzma
 import os
 import shutil
-import subprocess
 import tarfile
 import threading
 import time
@@ -292,8 +291,7 @@ def regen_extra(call: Call, knobs: Knobs) -> int:
             if work.is_dir():  # what is done so far, for a cold machine's next call (carry it as REGEN_PARTIAL)
                 gpu_pack.tar_gz_without(work, "extra-work", call.out / "extra-work.tar.gz", ("*.log", ".lock"))
             return AGAIN if rc in (CUT, AGAIN) else FAILED
-    with open(call.out / "extra-regen.jsonl.xz", "wb") as out:
-        subprocess.run(["xz", "-T0", "-9", "-c", str(final)], stdout=out, check=True)
+    gpu_pack.xz_copy(final, call.out / "extra-regen.jsonl.xz", check=True)
     call.say(f"sent back extra-regen.jsonl.xz: {gpu_pack.human((call.out / 'extra-regen.jsonl.xz').stat().st_size)}")
     return DONE if stage_data(call, knobs) else FAILED  # with the answers: the data-volume rows' train files
 

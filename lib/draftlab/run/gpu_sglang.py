@@ -254,8 +254,7 @@ def send_back_once(call: Call) -> None:
         return
     gpu_pack.save_draft(call, "eagle3")
     for split in ("train", "val"):
-        with open(call.out / f"regen-{split}.jsonl.xz", "wb") as out:
-            subprocess.run(["xz", "-T0", "-9", "-c", str(call.run / f"data/regen/{split}.jsonl")], stdout=out)
+        gpu_pack.xz_copy(call.run / f"data/regen/{split}.jsonl", call.out / f"regen-{split}.jsonl.xz")
     (call.dl / "sent-back").touch()
     call.say(f"sent back: {' '.join(sorted(p.name for p in call.out.iterdir()))}")
 

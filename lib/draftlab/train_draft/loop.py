@@ -410,15 +410,14 @@ class TrainingRun:
         """The result (and summary.json on rank 0)."""
         if self.last_eval is None and self.val_ds is not None and self.step >= self.total_steps:
             self.last_eval = {"step": self.step, **self.evaluate()}  # resumed a finished run
-        elapsed = time.time() - self.t0
+        elapsed, tokens = time.time() - self.t0, self.tokens_so_far()
         result = {"draft": self.draft, "target": self.target, "out_dir": self.out_dir, "steps": self.step,
                   "total_steps": self.total_steps, "finished": self.step >= self.total_steps, "eval": self.last_eval,
                   "train_stats": self.train_stats, "val_stats": self.val_stats, "elapsed_s": elapsed,
                   "elapsed_total_s": self.prior_s + elapsed, "resumed_from_step": self.started or None,
                   "hidden_precompute_s": self.phases["hidden"],
                   "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),  # this call's (with its warm-up)
-                  "tokens_per_s_all_calls": (None if self.tokens_so_far() is None
-                                             else self.tokens_so_far() / max(self.prior_s + elapsed, 1e-9)),
+                  "tokens_per_s_all_calls": None if tokens is None else tokens / max(self.prior_s + elapsed, 1e-9),
                   "train_tokens": sum(self.lengths), "vocab_coverage": coverage(self.counts, self.draft_ids),
                   "world": self.world}
         if self.is_main:
