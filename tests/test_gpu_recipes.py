@@ -52,6 +52,8 @@ if argv[:1] and argv[0].endswith("tokenize_profile.py"):
 def call(tmp_path, monkeypatch):
     fake = stand_in_python(tmp_path, monkeypatch, FAKE_PYTHON)
     monkeypatch.setattr(gpu_recipes.gpu_call, "ensure_all", lambda c: True)  # the set-up: tested in test_gpu_call
+    # the repo's tracked answers (2026-12-02) would skip the regeneration these tests drive; one test uses them
+    monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", str(tmp_path / "no-tracked-answers.jsonl.xz"))
     now = int(time.time())
     c = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
              t0=now, deadline=now + 600, repo=ROOT, python=fake)
@@ -105,6 +107,19 @@ def test_stage_data_unpacks_the_tracked_splits_and_the_published_draft_once(call
     k.base_draft = tmp_path / "missing"
     (base / "draft/model.safetensors").unlink()
     assert not gpu_recipes.stage_data(call, k)
+
+
+def test_the_tracked_answers_give_the_data_volume_rows_their_train_files_without_regenerating(
+        call, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", "results/recipes-2026-12-01/data/extra-regen.jsonl.xz")
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
+    assert gpu_recipes.run_phase(call, "regen", knobs(call, tmp_path, ROWS="data2x")) == DONE
+    assert not logged(tmp_path)  # nothing regenerated: the 21,612 answers came from the repo
+    data = gpu_recipes.data_dir(call)
+    with lzma.open(ROOT / gpu_recipes.EXTRA_REGENERATED) as f:
+        assert (data / "extra-regen.jsonl").read_bytes() == f.read()
+    assert len((data / "train-data2x.jsonl").read_text().splitlines()) == 32 + 21612
 
 
 def test_published_rows_are_staged_as_trained_from_their_carried_drafts(call, tmp_path):

@@ -156,6 +156,7 @@ def test_table_splits_acceptance_by_prompt_set(tmp_path):
     assert row["sglang_acceptance_held_out"] == pytest.approx(2.5) and row["sglang_acceptance_humaneval"] == 2.0
     assert row["sglang_speedup_c1"] == pytest.approx(1.5) and row["sglang_speedup_c16"] == pytest.approx(0.8)
     assert row["sglang_tok_s_c16"] == 800.0  # the median of its windows
+    assert row["acceptance_concurrency"] == 1  # the plan's first level gave the acceptance
     assert (out / "recipes.png").is_file() and (out / "table.csv").is_file()
     assert not (out / "acceptance_by_steps.csv").exists()  # one chain length: nothing to plot by S
 

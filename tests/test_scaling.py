@@ -84,6 +84,16 @@ def test_saturating_fit_finds_the_ceiling():
     assert not short.ok and "need at least 4" in short.reason
 
 
+def test_a_saturating_fit_pinned_at_its_bound_is_refused():
+    """SGLang's four data-size points of 2026-12-02 rise faster than log-linearly: the saturating fit ran to
+    c = 0.001 and its band came out as -1.7e8 .. -1044; such a fit is refused with the parameter named."""
+    n = np.array([1351, 2702, 5403, 21612])
+    y = np.array([1.4218, 1.6752, 1.9540, 3.0570])
+    fit = scaling.fit_curve(n, y, [0.025, 0.04, 0.055, 0.09], "saturating")
+    assert not fit.ok and fit.reason.startswith("c at its bound")
+    assert scaling.fit_curve(n, y, [0.025, 0.04, 0.055, 0.09], "loglinear").ok
+
+
 def test_band_widens_when_points_scatter_more_than_their_errors():
     n = np.array([1000, 2000, 5000, 10000])
     y = np.array([1.50, 1.70, 1.62, 1.90])

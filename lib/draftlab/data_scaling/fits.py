@@ -25,6 +25,7 @@ def saturating(n, y_inf, b, c):
 
 
 MODELS = {"loglinear": (loglinear, 2), "saturating": (saturating, 3)}
+PARAMS = {"loglinear": ("a", "b"), "saturating": ("y_inf", "b", "c")}
 
 
 @dataclass
@@ -79,8 +80,16 @@ def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
     chi2 = float((resid**2).sum())
     scale = max(1.0, chi2 / dof) if (sigma is not None and dof > 0) else 1.0
     cov = np.asarray(cov) * scale
-    ok = bool(np.all(np.isfinite(cov)))
-    return Fit(model, params.tolist(), cov.tolist(), dof, scale, ok, "" if ok else "covariance not finite")
+    if not np.all(np.isfinite(cov)):
+        return Fit(model, params.tolist(), cov.tolist(), dof, scale, False, "covariance not finite")
+    # a parameter pinned at its bound leaves a covariance that means nothing (on 2026-12-02 the saturating
+    # fit of four SGLang points sat at c = 0.001 and drew a 95% band of -1.7e8 .. -1044)
+    pinned = [name for name, value, lo, hi in zip(PARAMS[model], params, *(np.broadcast_to(b, k) for b in bounds))
+              if np.isclose(value, lo, rtol=1e-6, atol=1e-9) or np.isclose(value, hi, rtol=1e-6, atol=1e-9)]
+    if pinned:
+        return Fit(model, params.tolist(), cov.tolist(), dof, scale, False,
+                   f"{', '.join(pinned)} at its bound: these points do not pin the {model} curve down")
+    return Fit(model, params.tolist(), cov.tolist(), dof, scale, True)
 
 
 def fit_all(results: list[dict], metric: str = "sim_accept_len") -> dict:

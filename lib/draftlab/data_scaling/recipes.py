@@ -373,7 +373,10 @@ def table(out: Path) -> pd.DataFrame:
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]
-        line = {"row": row, "change": json.dumps(overrides) if overrides else "-", "question": why}
+        line = {"row": row, "change": json.dumps(overrides) if overrides else "-", "question": why,
+                # acceptance comes from the first level's replies, and it moves with the batch: base measured
+                # 3.17 at 16 and 3.06 at 1 (2026-12-02), so a table says which
+                "acceptance_concurrency": levels[0] if levels else None}
         replies = replies_of(sglang, row)
         for name, idx in sets.items():
             line[f"sglang_acceptance_{name}"] = acceptance_length(*served(replies, idx))
