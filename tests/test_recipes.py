@@ -326,3 +326,23 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     assert lines[0].startswith("n1351: 1,351 conversations -> ") and "saturating: " in lines[-2]
     assert lines[-1].startswith(f"the extra 194,508 conversations: {extra['regeneration_hours']:.2f} h")
     assert sglang_size_curve([], tmp_path / "none", regeneration) == (None, None)
+
+
+def test_size_curve_warns_when_its_points_were_read_at_different_batches():
+    from draftlab.data_scaling.size_curve import size_curve_lines
+
+    point = {"row": "n1351", "n": 1351, "sglang_acceptance": 1.4, "sglang_acceptance_se": 0.02, "prompts": 64,
+             "train_s": 60.0}
+    result = {"points": [{**point, "concurrency": 1}, {**point, "row": "base", "concurrency": 16}],
+              "extrapolation": {}}
+    assert any(line.startswith("WARNING: the points' acceptance was read at different batches ([1, 16])")
+               for line in size_curve_lines(result))
+    result["points"][1]["concurrency"] = 1
+    assert not any(line.startswith("WARNING") for line in size_curve_lines(result))
+
+
+def test_the_best_recipe_on_twice_the_data_grows_its_own_train_file():
+    cfg = recipes.recipe("best-data2x")
+    assert cfg["fc_norm"] == "per_layer" and cfg["lr"] == 1e-3 and cfg["epochs"] == recipes.BASE["epochs"]
+    assert recipes.row_train_file("best-data2x", "/s/data/train.jsonl") == "/s/data/train-data2x.jsonl"
+    assert recipes.EXTRA_ROWS["best-data2x"] == recipes.EXTRA_ROWS["data2x"]

@@ -38,8 +38,15 @@ def size_points(combined: pd.DataFrame) -> list[dict]:
             continue
         points.append({"arch": "eagle3", "source": "scaling", "row": line["row"], "n": summary["train_stats"]["kept"],
                        METRIC: acceptance, f"{METRIC}_se": acceptance_se(tokens, verify),
-                       "prompts": len(tokens), "train_s": summary["elapsed_total_s"]})
+                       "prompts": len(tokens), "train_s": summary["elapsed_total_s"],
+                       "concurrency": _concurrency(line)})
     return sorted(points, key=lambda p: p["n"])
+
+
+def _concurrency(line: pd.Series) -> int | None:
+    """The batch its acceptance was read at (studies before 2026-12-02's column: None)."""
+    value = line.get("acceptance_concurrency")
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def write_size_curve(combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0,
@@ -71,6 +78,10 @@ def size_curve_lines(result: dict) -> list[str]:
     lines = [f"{p['row']}: {p['n']:,} conversations -> {p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f} "
              f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
              for p in result["points"]]
+    batches = sorted({p.get("concurrency") for p in result["points"]}, key=str)
+    if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 on 2026-12-02)
+        lines.append(f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
+                     "size rows at one concurrency")
     extra = result["extrapolation"].get("eagle3", {})
     for model in ("loglinear", "saturating"):
         fit = extra.get(model, {})
