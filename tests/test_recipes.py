@@ -11,7 +11,7 @@ from tests.test_train import write_fixture
 
 from draftlab.benchmark_acceptance.sglang_live import slug
 from draftlab.core.records import append_jsonl
-from draftlab.data_scaling import recipes
+from draftlab.data_scaling import recipe_rows, recipes
 from draftlab.train_draft import TrainConfig
 
 SMOKE = {"device": "cpu", "draft_vocab_size": 256, "max_len": 64, "epochs": 1.0, "batch_tokens": 256, "max_batch": 4,
@@ -23,10 +23,10 @@ def test_base_is_the_reference_runs_recipe():
     names = {"epochs": "EPOCHS", "draft_vocab_size": "DRAFT_VOCAB_SIZE", "lr": "LR", "max_len": "MAX_LEN",
              "batch_tokens": "BATCH_TOKENS", "max_batch": "MAX_BATCH", "ttt_steps": "TTT_STEPS",
              "max_val_samples": "VAL_SAMPLES"}
-    assert {k: params[v] for k, v in names.items()} == {k: recipes.BASE[k] for k in names}
-    assert params["ARCHS"] == [recipes.BASE["arch"]]
-    for row in recipes.ROWS:  # every row is a valid TrainConfig
-        TrainConfig.from_dict(recipes.recipe(row))
+    assert {k: params[v] for k, v in names.items()} == {k: recipe_rows.BASE[k] for k in names}
+    assert params["ARCHS"] == [recipe_rows.BASE["arch"]]
+    for row in recipe_rows.ROWS:  # every row is a valid TrainConfig
+        TrainConfig.from_dict(recipe_rows.recipe(row))
 
 
 def test_rows_train_resume_after_a_cut_and_export(tmp_path):
@@ -126,7 +126,7 @@ def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
     ports = [int(e.command.split(flag)[1].split()[0]) for e in entries for flag in ("--port ", "--nccl-port ")]
     assert len(set(ports)) == len(ports)
     with pytest.raises(Exception, match="too many for the port plan"):
-        recipes.row_entries(list(recipes.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000,
+        recipes.row_entries(list(recipe_rows.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000,
                             chain=list(range(1, 8)))
     only = recipes.row_entries(["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[1, 16], port=32000,
                                chain=[1, 3, 6], chain_rows=["fcnorm"])  # the sweep for one row
@@ -209,13 +209,13 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     assert recipes.row_config("base", train, "v.jsonl", tmp_path / "study", "tiny", {}).train_file == train
     with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
-    monkeypatch.setitem(recipes.EXTRA_ROWS, "data2x", 2)
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", 2)
     assert recipes.grow_rows(["base", "data2x"], train, str(regenerated)) == {
         "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}}
     grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
     assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
     assert recipes.grow_rows(["data2x"], train, str(regenerated)) == {}  # written once
-    monkeypatch.setitem(recipes.EXTRA_ROWS, "data2x", 4)
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", 4)
     (data / "train-data2x.jsonl").unlink()
     with pytest.raises(Exception, match="extra-regen.jsonl: 3 answered conversations, fewer than the 4"):
         recipes.grow_rows(["data2x"], train, str(regenerated))
@@ -342,7 +342,7 @@ def test_size_curve_warns_when_its_points_were_read_at_different_batches():
 
 
 def test_the_best_recipe_on_twice_the_data_grows_its_own_train_file():
-    cfg = recipes.recipe("best-data2x")
-    assert cfg["fc_norm"] == "per_layer" and cfg["lr"] == 1e-3 and cfg["epochs"] == recipes.BASE["epochs"]
-    assert recipes.row_train_file("best-data2x", "/s/data/train.jsonl") == "/s/data/train-data2x.jsonl"
-    assert recipes.EXTRA_ROWS["best-data2x"] == recipes.EXTRA_ROWS["data2x"]
+    cfg = recipe_rows.recipe("best-data2x")
+    assert cfg["fc_norm"] == "per_layer" and cfg["lr"] == 1e-3 and cfg["epochs"] == recipe_rows.BASE["epochs"]
+    assert recipe_rows.row_train_file("best-data2x", "/s/data/train.jsonl") == "/s/data/train-data2x.jsonl"
+    assert recipe_rows.EXTRA_ROWS["best-data2x"] == recipe_rows.EXTRA_ROWS["data2x"]

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.fits import completion_tokens
+from draftlab.data_scaling.recipe_rows import EXTRA_ROWS, ROWS
 from draftlab.data_scaling.recipes import (
-    EXTRA_ROWS,
     MEASURED_CONCURRENCY,
-    ROWS,
     SPEED_VARIANTS,
     check_speed,
     deadline_from,

@@ -59,7 +59,8 @@ def write_size_curve(combined: pd.DataFrame, out: Path, regeneration: dict, fact
     fits = fit_all(points, metric=METRIC) if points else {}
     result = {"points": points, "fits": fits_as_dict(fits), "regeneration": regeneration,
               "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
-              "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipes.ROWS)"}
+              "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets "
+                      "(recipe_rows.ROWS)"}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
     fig = None
