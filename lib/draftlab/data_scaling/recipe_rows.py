@@ -45,9 +45,13 @@ ROWS = {
     "best-data2x": ({"fc_norm": "per_layer", "lr": 1e-3, "train_file": "train-data2x.jsonl"},
                     "fcnorm-lr1e-3 on twice the prompts, 5 epochs: the combined best recipe"),
 }
-# the data-volume rows' extra conversations: row -> how many of the regenerated extra prompts
-# (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to data/extra-prompts.jsonl.xz) join the train file
-EXTRA_ROWS = {"data2x": 21612, "data2x-5ep": 21612, "best-data2x": 21612}
+# a grown train file -> how many of the regenerated extra prompts join the study's train file
+# (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to data/extra-prompts.jsonl.xz)
+GROWN_TRAIN_FILES = {"train-data2x.jsonl": 21612}
+# the data-volume rows (those that train on a grown file) -> their extra conversations: one count per file,
+# since the rows that share a file share the one grow_rows writes
+EXTRA_ROWS = {row: GROWN_TRAIN_FILES[o["train_file"]] for row, (o, _) in ROWS.items()
+              if o.get("train_file") in GROWN_TRAIN_FILES}
 
 
 def recipe(row: str) -> dict:

@@ -79,7 +79,7 @@ def size_curve_lines(result: dict) -> list[str]:
     lines = [f"{p['row']}: {p['n']:,} conversations -> {p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f} "
              f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
              for p in result["points"]]
-    batches = sorted({p.get("concurrency") for p in result["points"]}, key=str)
+    batches = sorted({p.get("concurrency") for p in result["points"]}, key=lambda b: (b is None, b or 0))
     if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 on 2026-12-02)
         lines.append(f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
                      "size rows at one concurrency")
