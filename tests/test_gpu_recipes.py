@@ -132,9 +132,12 @@ def test_published_rows_are_staged_as_trained_from_their_carried_drafts(call, tm
     assert (staged / "draft/model.safetensors").read_bytes() == b"w" * 10
     run = ROOT / gpu_recipes.PUBLISHED_RUNS["fcnorm"]
     assert (staged / "train/summary.json").read_bytes() == (run / "train/summary.json").read_bytes()
-    for published in gpu_recipes.PUBLISHED_RUNS.values():  # scripts/gpu/published_draft.sh restores them from there
+    for row, published in gpu_recipes.PUBLISHED_RUNS.items():  # scripts/gpu/published_draft.sh restores them
         assert {"eagle3.commit", "eagle3.sha256"} <= {p.name for p in (ROOT / published / "draft").iterdir()}
-        assert json.loads((ROOT / published / "train/summary.json").read_text())["finished"]
+        summary = json.loads((ROOT / published / "train/summary.json").read_text())
+        # finished, or declared cut: then its summary says so
+        assert summary["finished"] == (row not in gpu_recipes.PUBLISHED_UNFINISHED), row
+        assert summary["steps"] <= summary["total_steps"]
     k.published = ["nope"]
     assert not gpu_recipes.stage_data(call, k)
 

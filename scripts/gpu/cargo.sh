@@ -13,10 +13,18 @@
 #          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
 #          (every call again: the links are part of the repo copy, the unpacked files of /tmp)
 # Call N carries .device/cargo/cN; chunks may come in any order; a chunk carried twice is a no-op.
+# CARGO=train packs only what training needs (the target, the wheels, the reference draft that recipes.sh
+# stages as row `base`): 5 chunks instead of 14, for a session that trains and sends drafts back but does
+# not start SGLang (2026-12-02: a machine taken back mid-call cost the whole cargo).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl
-       .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts)
+TRAIN_ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl .device/drafts/eagle3)
+case ${CARGO:-all} in
+  all) ITEMS=("${TRAIN_ITEMS[@]:0:4}" .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4
+              .device/drafts) ;;
+  train) ITEMS=("${TRAIN_ITEMS[@]}") ;;
+  *) echo "cargo: CARGO=${CARGO} (expected all or train)" >&2; exit 2 ;;
+esac
 LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
 HOLD=${CARGO_HOLD:-/tmp/cargo}
 
@@ -66,6 +74,7 @@ receive() {
   fi
   mkdir -p .device
   for l in "${LINKS[@]}"; do
+    [ -e "$HOLD/root/$l" ] || continue  # (CARGO=train: no SGLang bundle)
     if [ -e "$l" ] && [ ! -L "$l" ]; then echo "cargo: $l is already here (carried?): kept"; continue; fi
     ln -sfn "$HOLD/root/$l" "$l"
   done

@@ -48,7 +48,11 @@ PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.t
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
 # published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
 # and train/summary.json
-PUBLISHED_RUNS = {row: f"results/recipes-2026-12-01/{row}" for row in ("fcnorm", "fcnorm-lr1e-3")}
+PUBLISHED_RUNS = {row: f"results/recipes-2026-12-01/{row}"
+                  for row in ("fcnorm", "fcnorm-lr1e-3", "n10806", "best-data2x")}
+# published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
+# device time ran out at step 4,595 of 4,945 (2026-12-02), its learning rate then 1.3% of the peak
+PUBLISHED_UNFINISHED = {"best-data2x"}
 # the data-volume rows' prompts (draftlab recipes extra-prompts) and, once a session brought them back, their answers
 EXTRA_PROMPTS = "results/recipes-2026-12-01/data/extra-prompts.jsonl.xz"
 EXTRA_REGENERATED = "results/recipes-2026-12-01/data/extra-regen.jsonl.xz"
