@@ -62,9 +62,11 @@ demo: setup
 test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts, benchmarks
+## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts,
+## benchmarks; ruff format --check over all of them but the notebooks' .py twins
 lint: setup
 	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks
+	$(VENV)/bin/ruff format --check lib tests scripts benchmarks
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root); its config
 ## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py).

@@ -43,10 +43,23 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(d)
     target = Target(name="random", path=d, model=model, tokenizer=tokenizer, device=args.device, dtype=dtype)
     with tempfile.TemporaryDirectory() as tmp:
-        tc = TrainConfig(train_file=str(d / "train.jsonl"), out_dir=f"{tmp}/eagle3", device=args.device,
-                         draft_vocab_size=min(16000, cfg.vocab_size), ttt_steps=7, max_len=2048, epochs=1,
-                         batch_tokens=16384, max_batch=64, eval_every=10**6, save_every=10**6, log_every=10,
-                         stop_after=args.steps, pad_multiple=args.pad_multiple, attention=args.attention)
+        tc = TrainConfig(
+            train_file=str(d / "train.jsonl"),
+            out_dir=f"{tmp}/eagle3",
+            device=args.device,
+            draft_vocab_size=min(16000, cfg.vocab_size),
+            ttt_steps=7,
+            max_len=2048,
+            epochs=1,
+            batch_tokens=16384,
+            max_batch=64,
+            eval_every=10**6,
+            save_every=10**6,
+            log_every=10,
+            stop_after=args.steps,
+            pad_multiple=args.pad_multiple,
+            attention=args.attention,
+        )
         train(tc, target=target)
         rows = list(csv.DictReader(open(f"{tmp}/eagle3/train.csv")))
     # tokens_per_s and elapsed_s are cumulative: the rate after the first logged row leaves warm-up out
@@ -55,11 +68,16 @@ def main() -> int:
     first, last = rows[0], rows[-1]
     tok = lambda r: float(r["tokens_per_s"]) * float(r["elapsed_s"])  # noqa: E731
     steady = (tok(last) - tok(first)) / (float(last["elapsed_s"]) - float(first["elapsed_s"]))
-    out = {"pad_multiple": args.pad_multiple, "attention": args.attention, "steps": int(last["step"]),
-           "elapsed_s": float(last["elapsed_s"]), "tokens_per_s_overall": float(last["tokens_per_s"]),
-           "tokens_per_s_after_step_" + first["step"]: steady,
-           "s_per_step_after_first_log": (float(last["elapsed_s"]) - float(first["elapsed_s"]))
-           / (int(last["step"]) - int(first["step"]))}
+    out = {
+        "pad_multiple": args.pad_multiple,
+        "attention": args.attention,
+        "steps": int(last["step"]),
+        "elapsed_s": float(last["elapsed_s"]),
+        "tokens_per_s_overall": float(last["tokens_per_s"]),
+        "tokens_per_s_after_step_" + first["step"]: steady,
+        "s_per_step_after_first_log": (float(last["elapsed_s"]) - float(first["elapsed_s"]))
+        / (int(last["step"]) - int(first["step"])),
+    }
     args.out_json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out), flush=True)
     return 0

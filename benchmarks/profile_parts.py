@@ -71,27 +71,33 @@ def random_target(config_json: Path, dtype) -> Target:
 
 
 def make_draft(target: Target, vd: int, use_aux: bool) -> Eagle3Draft:
-    dcfg = draft_config_for_target(target.config, draft_vocab_size=vd, use_aux=use_aux,
-                                   capture_layers=default_capture(target.num_layers))
+    dcfg = draft_config_for_target(
+        target.config, draft_vocab_size=vd, use_aux=use_aux, capture_layers=default_capture(target.num_layers)
+    )
     draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
     draft.set_vocab(torch.arange(vd))
     return draft.to(DEVICE)
 
 
-def profile_train(target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7,
-                  variants=("eager",)) -> list[dict]:
+def profile_train(
+    target: Target, out: Path, lengths=(512, 1024, 2048), tokens=16384, vd=16000, steps=7, variants=("eager",)
+) -> list[dict]:
     rows = []
     for length in lengths:
         for variant in variants:
-            rows.append(profile_train_shape(target, out, length, tokens, vd, steps, variant,
-                                            profiled=length == lengths[len(lengths) // 2]))
+            rows.append(
+                profile_train_shape(
+                    target, out, length, tokens, vd, steps, variant, profiled=length == lengths[len(lengths) // 2]
+                )
+            )
             with open(out / "train_rows.jsonl", "a") as fh:  # row by row: a call cut at its limit keeps the rest
                 fh.write(json.dumps(rows[-1]) + "\n")
     return rows
 
 
-def profile_train_shape(target: Target, out: Path, length: int, tokens: int, vd: int, steps: int, variant: str,
-                        profiled: bool) -> dict:
+def profile_train_shape(
+    target: Target, out: Path, length: int, tokens: int, vd: int, steps: int, variant: str, profiled: bool
+) -> dict:
     """One batch shape and objective variant: the parts of a step and the whole step, timed."""
     layers = target.capture_layers
     b = tokens // length
@@ -100,7 +106,7 @@ def profile_train_shape(target: Target, out: Path, length: int, tokens: int, vd:
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-4)
     ids = torch.randint(0, target.vocab_size, (b, length), device=DEVICE)
     valid = torch.ones(b, length, dtype=torch.bool, device=DEVICE)
-    valid[b // 2:, length * 3 // 4:] = False  # some right padding
+    valid[b // 2 :, length * 3 // 4 :] = False  # some right padding
     loss_mask = valid.clone()
     loss_mask[:, : length // 3] = False  # the prompt part
     feats = Features(target, layers, True)
@@ -126,16 +132,29 @@ def profile_train_shape(target: Target, out: Path, length: int, tokens: int, vd:
         opt.zero_grad(set_to_none=False)  # zeros, not None: a timed step alone still updates every parameter
 
     def whole():
-        features(); targets(); fwd_bwd(); opt_step()  # noqa: E702
+        features()
+        targets()
+        fwd_bwd()
+        opt_step()  # noqa: E702
 
-    features(); targets()  # noqa: E702
+    features()
+    targets()  # noqa: E702
     t = time.perf_counter()
     fwd_bwd()  # the first call: a compiled variant compiles here
     sync()
     first_s = time.perf_counter() - t
-    row = {"variant": variant, "first_fwd_bwd_s": first_s, "seq_len": length, "batch": b, "tokens": b * length,
-           "features_ms": 1e3 * timed(features), "soft_targets_ms": 1e3 * timed(targets),
-           "fwd_bwd_ms": 1e3 * timed(fwd_bwd), "opt_ms": 1e3 * timed(opt_step), "step_ms": 1e3 * timed(whole)}
+    row = {
+        "variant": variant,
+        "first_fwd_bwd_s": first_s,
+        "seq_len": length,
+        "batch": b,
+        "tokens": b * length,
+        "features_ms": 1e3 * timed(features),
+        "soft_targets_ms": 1e3 * timed(targets),
+        "fwd_bwd_ms": 1e3 * timed(fwd_bwd),
+        "opt_ms": 1e3 * timed(opt_step),
+        "step_ms": 1e3 * timed(whole),
+    }
     row["tok_s"] = row["tokens"] / row["step_ms"] * 1e3
     if variant == "eager":
         objective.steps = 1  # how the TTT unroll scales: one step instead of `steps`
@@ -196,9 +215,11 @@ def profile_spec(config_json: Path, dtype, max_len=1024) -> list[dict]:
             eng.greedy(prompt)
             g = eng.greedy(prompt)
             sp = eng.speculative(prompt)
-            row.update(greedy_decode_ms_per_token=1e3 * g.decode_s / max(1, len(g.tokens) - 1),
-                       spec_ms_per_cycle=1e3 * sp.decode_s / max(1, sp.verify_steps),
-                       spec_accepted_mean=sum(sp.accepted) / max(1, len(sp.accepted)))
+            row.update(
+                greedy_decode_ms_per_token=1e3 * g.decode_s / max(1, len(g.tokens) - 1),
+                spec_ms_per_cycle=1e3 * sp.decode_s / max(1, sp.verify_steps),
+                spec_accepted_mean=sum(sp.accepted) / max(1, len(sp.accepted)),
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
             eng.close()
@@ -232,8 +253,10 @@ def profile_verify(config_json: Path, dtype, max_len=1024) -> dict:
                     pos = torch.arange(100, 100 + n, device=DEVICE)[None]
                     base = torch.tensor([100], device=DEVICE)
                     anc = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril()
-                    row[n] = round(1e3 * timed(lambda: runner.step(ids, pos, base, anc, graph=DEVICE == "cuda"),
-                                               reps=50, warm=5), 3)
+                    row[n] = round(
+                        1e3 * timed(lambda: runner.step(ids, pos, base, anc, graph=DEVICE == "cuda"), reps=50, warm=5),
+                        3,
+                    )
                     print(f"  {name} {kind:5s} L={n:3d}: {row[n]:.3f} ms", flush=True)
                 out[f"{name}/{kind}"] = row
             finally:
@@ -250,8 +273,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--lengths", default="512,1024,2048")
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--variants", default="eager",
-                    help=f"training objective variants, of {', '.join(OBJECTIVE_VARIANTS)}")
+    ap.add_argument(
+        "--variants", default="eager", help=f"training objective variants, of {', '.join(OBJECTIVE_VARIANTS)}"
+    )
     ap.add_argument("--draft-vocab", type=int, default=16000)
     args = ap.parse_args()
     global DEVICE
@@ -266,8 +290,14 @@ def main() -> int:
         result["verify_ms"] = {k: v for dt in dtypes for k, v in profile_verify(args.config_json, dt).items()}
     if "train" in parts:
         target = random_target(args.config_json, torch.bfloat16 if DEVICE == "cuda" else torch.float32)
-        result["train"] = profile_train(target, args.out_dir, [int(x) for x in args.lengths.split(",")], args.tokens,
-                                        args.draft_vocab, variants=tuple(args.variants.split(",")))
+        result["train"] = profile_train(
+            target,
+            args.out_dir,
+            [int(x) for x in args.lengths.split(",")],
+            args.tokens,
+            args.draft_vocab,
+            variants=tuple(args.variants.split(",")),
+        )
     (args.out_dir / "profile.json").write_text(json.dumps(result, indent=1))
     return 0
 

@@ -49,8 +49,11 @@ def main() -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warm", type=int, default=5)
-    ours, train_argv = (sys.argv[1:], []) if "--" not in sys.argv else (
-        sys.argv[1:sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1:])
+    ours, train_argv = (
+        (sys.argv[1:], [])
+        if "--" not in sys.argv
+        else (sys.argv[1 : sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1 :])
+    )
     args = ap.parse_args(ours)
     sub = argparse.ArgumentParser().add_subparsers()
     cfg = config_from_args(add_train_parser(sub).parse_args(train_argv + ["--out-dir", str(args.out_dir / "run")]))
@@ -58,23 +61,41 @@ def main() -> int:
     run.setup()
     need = args.warm + 2 * args.steps
     if run.total_steps - run.step < need:
-        raise SystemExit(f"{cfg.train_file}: the plan has {run.total_steps - run.step} steps, the profile needs {need} "
-                         "(--warm + 2 x --steps); raise --epochs or give more data")
+        raise SystemExit(
+            f"{cfg.train_file}: the plan has {run.total_steps - run.step} steps, the profile needs {need} "
+            "(--warm + 2 x --steps); raise --epochs or give more data"
+        )
     run.t2d, run.dids, run.tok_seen = run.draft.t2d, run.draft.draft_ids(), 0
     run.draft.train()
     timed_steps(run, args.warm)
     tokens0, plain = run.tok_seen, timed_steps(run, args.steps)
     tokens = run.tok_seen - tokens0
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.startswith("cuda")
-                                                      else [])) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.startswith("cuda") else [])
+    ) as prof:
         profiled = timed_steps(run, args.steps)
     key = "cuda_time_total" if run.device.startswith("cuda") else "cpu_time_total"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "train_loop_profile.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=50))
-    result = {"device": run.device, "steps": args.steps, "step_s_median": statistics.median(plain),
-              "tokens_per_s": tokens / sum(plain), "step_s_median_profiled": statistics.median(profiled),
-              "recipe": {k: getattr(cfg, k) for k in ("batch_tokens", "max_batch", "ttt_steps", "draft_vocab_size",
-                                                      "recompute_head", "compile", "attention")}}
+    result = {
+        "device": run.device,
+        "steps": args.steps,
+        "step_s_median": statistics.median(plain),
+        "tokens_per_s": tokens / sum(plain),
+        "step_s_median_profiled": statistics.median(profiled),
+        "recipe": {
+            k: getattr(cfg, k)
+            for k in (
+                "batch_tokens",
+                "max_batch",
+                "ttt_steps",
+                "draft_vocab_size",
+                "recompute_head",
+                "compile",
+                "attention",
+            )
+        },
+    }
     (args.out_dir / "train_loop.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0

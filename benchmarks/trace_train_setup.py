@@ -33,12 +33,27 @@ def main() -> int:
     args = ap.parse_args()
     p = yaml.safe_load(Path("params/full.yaml").read_text())["04_train_draft"]
     regen = args.run_dir / "data" / "regen"
-    cfg = TrainConfig(train_file=str(regen / "train.jsonl"), val_file=str(regen / "val.jsonl"), target="embedded",
-                      device=args.device, arch=args.arch, out_dir=f"/tmp/trace_train_setup/{args.arch}",
-                      draft_vocab_size=p["DRAFT_VOCAB_SIZE"], max_len=p["MAX_LEN"], max_val_samples=p["VAL_SAMPLES"],
-                      epochs=p["EPOCHS"], batch_tokens=p["BATCH_TOKENS"], max_batch=p["MAX_BATCH"],
-                      ttt_steps=p["TTT_STEPS"], lr=p["LR"], hidden=p["HIDDEN"], eval_every=10**6, save_every=10**6,
-                      log_every=1, stop_after=args.stop)
+    cfg = TrainConfig(
+        train_file=str(regen / "train.jsonl"),
+        val_file=str(regen / "val.jsonl"),
+        target="embedded",
+        device=args.device,
+        arch=args.arch,
+        out_dir=f"/tmp/trace_train_setup/{args.arch}",
+        draft_vocab_size=p["DRAFT_VOCAB_SIZE"],
+        max_len=p["MAX_LEN"],
+        max_val_samples=p["VAL_SAMPLES"],
+        epochs=p["EPOCHS"],
+        batch_tokens=p["BATCH_TOKENS"],
+        max_batch=p["MAX_BATCH"],
+        ttt_steps=p["TTT_STEPS"],
+        lr=p["LR"],
+        hidden=p["HIDDEN"],
+        eval_every=10**6,
+        save_every=10**6,
+        log_every=1,
+        stop_after=args.stop,
+    )
     faulthandler.dump_traceback_later(args.dump_s, repeat=True, file=sys.stderr)
     prof = cProfile.Profile()
     prof.enable()

@@ -18,10 +18,23 @@ NOTEBOOKS = ROOT / "notebooks"
 # shared layers, lowest first; `sglang` is the SGLang bundle/server package (core and model only)
 SHARED = ["core", "model", "engine", "sglang", "run"]
 # what each shared layer may import besides itself
-SHARED_ALLOWED = {"core": set(), "model": {"core"}, "engine": {"core", "model"}, "sglang": {"core", "model"},
-                  "run": {"core", "model", "sglang"}}
-STAGES = ["environment_check", "dataset_discovery", "blend", "regenerate", "train_draft", "flag_diagnosis",
-          "benchmark_acceptance", "data_scaling"]
+SHARED_ALLOWED = {
+    "core": set(),
+    "model": {"core"},
+    "engine": {"core", "model"},
+    "sglang": {"core", "model"},
+    "run": {"core", "model", "sglang"},
+}
+STAGES = [
+    "environment_check",
+    "dataset_discovery",
+    "blend",
+    "regenerate",
+    "train_draft",
+    "flag_diagnosis",
+    "benchmark_acceptance",
+    "data_scaling",
+]
 MAX_LINES = 500
 
 

@@ -16,29 +16,56 @@ from draftlab.dataset_discovery.offline import HUMANEVAL_INSTRUCTION
 GENERATE_SPEC = {
     "text": " Paris.",
     "meta_info": {
-        "id": "a1b2", "finish_reason": {"type": "length", "length": 32}, "prompt_tokens": 12,
-        "completion_tokens": 32, "cached_tokens": 0, "e2e_latency": 0.21,
-        "spec_verify_ct": 14, "spec_accept_length": 2.2857, "spec_accept_rate": 0.43,
+        "id": "a1b2",
+        "finish_reason": {"type": "length", "length": 32},
+        "prompt_tokens": 12,
+        "completion_tokens": 32,
+        "cached_tokens": 0,
+        "e2e_latency": 0.21,
+        "spec_verify_ct": 14,
+        "spec_accept_length": 2.2857,
+        "spec_accept_rate": 0.43,
     },
 }
 GENERATE_PLAIN = {
     "text": " Paris.",
-    "meta_info": {"id": "c3", "finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 12,
-                  "completion_tokens": 9, "cached_tokens": 0, "e2e_latency": 0.1},
+    "meta_info": {
+        "id": "c3",
+        "finish_reason": {"type": "stop", "matched": 2},
+        "prompt_tokens": 12,
+        "completion_tokens": 9,
+        "cached_tokens": 0,
+        "e2e_latency": 0.1,
+    },
 }
 # OpenAI chat body with return_meta_info: true (meta_info inside each choice, usage beside it)
 CHAT_SPEC = {
-    "id": "x", "object": "chat.completion", "created": 0, "model": "default",
-    "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
-        "finish_reason": "stop", "matched_stop": 2,
-        "meta_info": {"id": "x", "prompt_tokens": 40, "completion_tokens": 21, "spec_verify_ct": 7,
-                      "finish_reason": {"type": "stop", "matched": 2}},
-    }],
+    "id": "x",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "default",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
+            "finish_reason": "stop",
+            "matched_stop": 2,
+            "meta_info": {
+                "id": "x",
+                "prompt_tokens": 40,
+                "completion_tokens": 21,
+                "spec_verify_ct": 7,
+                "finish_reason": {"type": "stop", "matched": 2},
+            },
+        }
+    ],
     "usage": {"prompt_tokens": 40, "completion_tokens": 21, "total_tokens": 61},
 }
 CHAT_PLAIN = {
-    "id": "y", "object": "chat.completion", "created": 0, "model": "default",
+    "id": "y",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "default",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
     "usage": {"prompt_tokens": 40, "completion_tokens": 16, "total_tokens": 56},
 }
@@ -96,8 +123,17 @@ def mock_sglang(spec: bool, completion=20, verify=8):
 def test_bench_endpoint_windows_and_flush():
     transport, seen = mock_sglang(spec=True)
     prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
-    windows = bench.bench_endpoint("http://sg:1", prompts, label="eagle3", concurrency=[1, 3], repeats=2, warmup=2,
-                                   max_tokens=20, transport=transport, progress=False)
+    windows = bench.bench_endpoint(
+        "http://sg:1",
+        prompts,
+        label="eagle3",
+        concurrency=[1, 3],
+        repeats=2,
+        warmup=2,
+        max_tokens=20,
+        transport=transport,
+        progress=False,
+    )
     assert len(windows) == 4 and seen["flush"] == 4  # one flush before each window
     assert len(seen["chat"]) == 2 + 4 * 6  # warm-up + windows
     assert all(b["temperature"] == 0 and b["return_meta_info"] and not b["stream"] for b in seen["chat"])
@@ -109,8 +145,9 @@ def test_bench_endpoint_windows_and_flush():
 def test_plain_server_has_no_acceptance():
     transport, _ = mock_sglang(spec=False)
     prompts = [[{"role": "user", "content": "q"}]] * 3
-    windows = bench.bench_endpoint("http://base:1", prompts, label="baseline", repeats=2, warmup=0,
-                                   transport=transport, progress=False)
+    windows = bench.bench_endpoint(
+        "http://base:1", prompts, label="baseline", repeats=2, warmup=0, transport=transport, progress=False
+    )
     assert all(w.acceptance_length is None and w.verify_steps is None for w in windows)
     table = bench.summarize_windows(windows, baseline="baseline")
     assert table["acceptance_length"].isna().all()
@@ -118,8 +155,9 @@ def test_plain_server_has_no_acceptance():
 
 
 def test_summary_ci_and_speedup():
-    mk = lambda label, rep, tps, verify: bench.Window(label, "u", 1, rep, 4, 100, verify, 100 / tps, tps,
-                                                     (100 / verify) if verify else None, True, 0, True)
+    mk = lambda label, rep, tps, verify: bench.Window(
+        label, "u", 1, rep, 4, 100, verify, 100 / tps, tps, (100 / verify) if verify else None, True, 0, True
+    )
     windows = [mk("baseline", i, t, None) for i, t in enumerate([90.0, 92.0, 88.0])]
     windows += [mk("eagle3", i, t, 40) for i, t in enumerate([180.0, 184.0, 176.0])]
     table = bench.summarize_windows(windows, baseline="baseline", eval_set="humaneval", samples=4).set_index("label")
@@ -151,9 +189,15 @@ def test_eval_sets(tmp_path):
         bench.load_eval_set("blend", run_dir=tmp_path)
     blend = tmp_path / "data" / "blend"
     blend.mkdir(parents=True)
-    rows = [{"id": "a", "source": "s", "meta": {}, "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
-        {"id": "b", "source": "s", "meta": {}, "messages": [{"role": "assistant", "content": "no user"}]}]
+    rows = [
+        {
+            "id": "a",
+            "source": "s",
+            "meta": {},
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        },
+        {"id": "b", "source": "s", "meta": {}, "messages": [{"role": "assistant", "content": "no user"}]},
+    ]
     (blend / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert bench.load_eval_set("blend", run_dir=tmp_path, limit=1)[0]["messages"] == [{"role": "user", "content": "hi"}]
     with pytest.raises(ValueError, match="test.jsonl: row 2: field 'messages' has no user turn"):
@@ -177,8 +221,17 @@ def test_baseline_path_against_a_real_server(tiny_target, tmp_path):
 
     prompts = [[{"role": "user", "content": f"Say something about {w}."}] for w in ("cats", "rain", "code", "tea")]
     with LocalServer(tiny_target.path, log_path=tmp_path / "serve.log") as srv:
-        windows = bench.bench_endpoint(srv.base_url, prompts, label="baseline", model=srv.model, concurrency=[1, 2],
-                                       repeats=2, warmup=1, max_tokens=16, progress=False)
+        windows = bench.bench_endpoint(
+            srv.base_url,
+            prompts,
+            label="baseline",
+            model=srv.model,
+            concurrency=[1, 2],
+            repeats=2,
+            warmup=1,
+            max_tokens=16,
+            progress=False,
+        )
     assert len(windows) == 4
     for w in windows:
         assert w.errors == 0 and w.requests == 4 and w.completion_tokens > 0 and w.tokens_per_s > 0

@@ -53,16 +53,23 @@ def test_shipped_specs_are_valid(path):
 
 def test_recommended_spec_names_the_campaign_datasets():
     ids = {s.get("hub_id") for s in B.load_spec(ROOT / "params/blend-recommended.yaml")["sources"]}
-    assert {"nvidia/OpenCodeInstruct", "m-a-p/Code-Feedback", "ise-uiuc/Magicoder-Evol-Instruct-110K",
-            "cognitivecomputations/dolphin-coder"} <= ids
+    assert {
+        "nvidia/OpenCodeInstruct",
+        "m-a-p/Code-Feedback",
+        "ise-uiuc/Magicoder-Evol-Instruct-110K",
+        "cognitivecomputations/dolphin-coder",
+    } <= ids
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"colour": 1}, r"unknown key\(s\) \['colour'\]"),
-    ({"filters": {"max_tokenz": 5}}, r"unknown key\(s\) \['max_tokenz'\] under filters"),
-    ({"splits": {"train": 0.5, "val": 0.1}}, "summing to 1"),
-    ({"decontaminate": {"against": ["mbpp"]}}, "unknown evaluation set 'mbpp'"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"colour": 1}, r"unknown key\(s\) \['colour'\]"),
+        ({"filters": {"max_tokenz": 5}}, r"unknown key\(s\) \['max_tokenz'\] under filters"),
+        ({"splits": {"train": 0.5, "val": 0.1}}, "summing to 1"),
+        ({"decontaminate": {"against": ["mbpp"]}}, "unknown evaluation set 'mbpp'"),
+    ],
+)
 def test_bad_spec_names_the_key(tmp_path, bad, match):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(fixture_spec(**bad)))
@@ -86,22 +93,38 @@ def test_bad_source_entries():
 
 
 def test_quotas_share_total_by_weight():
-    spec = B.load_spec({"total": 100, "sources": [
-        {"name": "a", "kind": "humaneval", "weight": 3}, {"name": "b", "kind": "docstrings", "weight": 1},
-        {"name": "c", "kind": "humaneval", "count": 7}, {"name": "d", "kind": "docstrings"}]})
+    spec = B.load_spec(
+        {
+            "total": 100,
+            "sources": [
+                {"name": "a", "kind": "humaneval", "weight": 3},
+                {"name": "b", "kind": "docstrings", "weight": 1},
+                {"name": "c", "kind": "humaneval", "count": 7},
+                {"name": "d", "kind": "docstrings"},
+            ],
+        }
+    )
     assert B.quotas(spec) == {"a": 75, "b": 25, "c": 7, "d": None}
 
 
 # -------------------------------------------------------------------------------- pipeline
 
 
-LONG = ("the quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill "
-        "and thinks about dinner plans for the evening ahead of the long winter night") * 2
+LONG = (
+    "the quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill "
+    "and thinks about dinner plans for the evening ahead of the long winter night"
+) * 2
 
 
 def run(convs, **spec_extra):
-    spec = B.load_spec({"tokenizer": "none", "sources": [{"kind": "humaneval"}],
-                        "filters": {"min_tokens": 3, "max_tokens": 1000}, **spec_extra})
+    spec = B.load_spec(
+        {
+            "tokenizer": "none",
+            "sources": [{"kind": "humaneval"}],
+            "filters": {"min_tokens": 3, "max_tokens": 1000},
+            **spec_extra,
+        }
+    )
     return B.run_pipeline(convs, spec, B.TokenCounter(None))
 
 
@@ -153,6 +176,7 @@ def test_decontamination_against_an_eval_source_of_the_blend():
     """Another blend's held-out split as an eval source (the recipe study's reference prompts): a training
     prompt for a held-out prompt's definition is dropped whatever its template; one that shares only the
     template's sentences is kept; rows without a definition are matched by 13-gram."""
+
     def doc(template_text, qualname, source="docs"):
         c = conv(template_text, source)
         c["meta"] = {"package": "pkg", "module": "pkg.mod", "qualname": qualname}
@@ -162,22 +186,43 @@ def test_decontamination_against_an_eval_source_of_the_blend():
     held = doc(f"Explain what `pkg.mod.parse_date` {boiler} Parse an ISO date.", "parse_date", "reference-test")
     sibling = doc("Write pytest unit tests for `pkg.mod.parse_date(text)`.", "parse_date")
     same_template = doc(f"Explain what `pkg.mod.merge` {boiler} Merge two sorted lists.", "merge")
-    free_text = conv("Please answer: " + "the quick brown fox jumps over the lazy dog near the river bank today",
-                     "reference-test")
-    leaked = conv("Write a story about a farm where, as they say, the quick brown fox jumps over the lazy dog near "
-                  "the river bank today, and tell what the farmer and his three cows did next.", "docs")
-    spec = B.load_spec({"tokenizer": "none", "decontaminate": {"against": ["reference-test"]},
-                        "sources": [{"kind": "local", "name": "reference-test", "path": "x.jsonl", "eval": True,
-                                     "pin_split": "test"}, {"kind": "humaneval", "name": "docs"}]})
-    result = B.run_pipeline([held, free_text, sibling, same_template, leaked], spec, B.TokenCounter(None),
-                            eval_sources={"reference-test"}, pinned={"reference-test": "test"})
+    free_text = conv(
+        "Please answer: " + "the quick brown fox jumps over the lazy dog near the river bank today", "reference-test"
+    )
+    leaked = conv(
+        "Write a story about a farm where, as they say, the quick brown fox jumps over the lazy dog near "
+        "the river bank today, and tell what the farmer and his three cows did next.",
+        "docs",
+    )
+    spec = B.load_spec(
+        {
+            "tokenizer": "none",
+            "decontaminate": {"against": ["reference-test"]},
+            "sources": [
+                {"kind": "local", "name": "reference-test", "path": "x.jsonl", "eval": True, "pin_split": "test"},
+                {"kind": "humaneval", "name": "docs"},
+            ],
+        }
+    )
+    result = B.run_pipeline(
+        [held, free_text, sibling, same_template, leaked],
+        spec,
+        B.TokenCounter(None),
+        eval_sources={"reference-test"},
+        pinned={"reference-test": "test"},
+    )
     assert result.report["decontamination"]["contaminated"] == {"reference-test": 2}, result.dropped
     kept = {r["id"] for rows in result.splits.values() for r in rows}
     assert {held["id"], free_text["id"], same_template["id"]} <= kept
     assert sibling["id"] not in kept and leaked["id"] not in kept
     with pytest.raises(B.BlendSpecError, match="unknown evaluation set 'reference-test'"):
-        B.load_spec({"tokenizer": "none", "decontaminate": {"against": ["reference-test"]},
-                     "sources": [{"kind": "local", "name": "reference-test", "path": "x.jsonl"}]})
+        B.load_spec(
+            {
+                "tokenizer": "none",
+                "decontaminate": {"against": ["reference-test"]},
+                "sources": [{"kind": "local", "name": "reference-test", "path": "x.jsonl"}],
+            }
+        )
 
 
 def test_splits_by_id_hash_are_stable_and_proportional():
@@ -192,9 +237,15 @@ def test_splits_by_id_hash_are_stable_and_proportional():
 
 def test_split_by_definition_keeps_a_definitions_prompts_together():
     rows = offline.docstring_conversations(["pyyaml"], limit=400, templates=4)
-    spec = B.load_spec({"tokenizer": "none", "sources": [{"kind": "humaneval", "name": "pyyaml"}],
-                        "dedup": {"near": False}, "splits": {"train": 0.6, "val": 0.2, "test": 0.2},
-                        "split_by": "definition"})
+    spec = B.load_spec(
+        {
+            "tokenizer": "none",
+            "sources": [{"kind": "humaneval", "name": "pyyaml"}],
+            "dedup": {"near": False},
+            "splits": {"train": 0.6, "val": 0.2, "test": 0.2},
+            "split_by": "definition",
+        }
+    )
     rows = [{**r, "source": "pyyaml"} for r in rows]
 
     def splits_per_definition(result) -> list[int]:
@@ -213,8 +264,9 @@ def test_split_by_definition_keeps_a_definitions_prompts_together():
 
 def test_quota_sampling_and_shuffle_are_seeded():
     convs = [conv(f"request number {i} about topic {i * 7919 % 1000} " * 3, "src") for i in range(200)]
-    spec = B.load_spec({"tokenizer": "none", "seed": 1, "sources": [{"kind": "humaneval", "name": "src"}],
-                        "dedup": {"near": False}})
+    spec = B.load_spec(
+        {"tokenizer": "none", "seed": 1, "sources": [{"kind": "humaneval", "name": "src"}], "dedup": {"near": False}}
+    )
     a = B.run_pipeline(convs, spec, B.TokenCounter(None), quota={"src": 50})
     b = B.run_pipeline(convs, spec, B.TokenCounter(None), quota={"src": 50})
     c = B.run_pipeline(convs, {**spec, "seed": 2}, B.TokenCounter(None), quota={"src": 50})
@@ -243,8 +295,10 @@ def test_token_counter_matches_the_rendered_chat_template():
             ],
         },
     ]
-    expected = [len(tok(tok.apply_chat_template(c["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
-                for c in convs]
+    expected = [
+        len(tok(tok.apply_chat_template(c["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
+        for c in convs
+    ]
     assert counter.count(convs) == expected
 
 
@@ -290,8 +344,13 @@ def test_dataset_fitting_no_adapter_fails_at_once(tmp_path):
 
 
 def test_offline_spec_smoke(tmp_path):
-    report = B.blend(ROOT / "params/blend-offline.yaml", tmp_path, overrides={"total": 12, "tokenizer": "none"},
-                     source_overrides={"humaneval": {"count": 3}}, progress=False)
+    report = B.blend(
+        ROOT / "params/blend-offline.yaml",
+        tmp_path,
+        overrides={"total": 12, "tokenizer": "none"},
+        source_overrides={"humaneval": {"count": 3}},
+        progress=False,
+    )
     assert report["splits"]["test"] >= 3
     assert sum(report["splits"].values()) >= 12
     versions = {s["name"]: s.get("versions") for s in report["sources"]}

@@ -41,11 +41,20 @@ def fake_row(steps, tokens_per_cycle, v=1.2, c=0.15, t1=0.01, prompts=4, tokens=
     verify = round((tokens - prompts) / tokens_per_cycle)
     spec_decode = verify * t1 * (v + c * steps)
     greedy_decode = (tokens - prompts) * t1
-    return {"num_steps": steps, "eval_set": "unit", "samples": prompts, "acceptance_length": tokens / verify,
-            "greedy": {"decode_s": greedy_decode, "completion_tokens": tokens, "prompts": prompts},
-            "speculative": {"decode_s": spec_decode, "completion_tokens": tokens, "prompts": prompts,
-                            "verify_steps": verify},
-            "decode_speedup": greedy_decode / spec_decode}
+    return {
+        "num_steps": steps,
+        "eval_set": "unit",
+        "samples": prompts,
+        "acceptance_length": tokens / verify,
+        "greedy": {"decode_s": greedy_decode, "completion_tokens": tokens, "prompts": prompts},
+        "speculative": {
+            "decode_s": spec_decode,
+            "completion_tokens": tokens,
+            "prompts": prompts,
+            "verify_steps": verify,
+        },
+        "decode_speedup": greedy_decode / spec_decode,
+    }
 
 
 def test_fit_from_runs_and_check():

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = {".device/a/part-aa": b"a" * 3000, ".device/b/part-ab": b"b" * 2000, ".device/b/model.gguf.sha256": b"x\n",
-         ".whl/w.whl": b"w" * 500, ".device/drafts/eagle3/model.safetensors": b"d" * 1500}
+TRAIN = {
+    ".device/a/part-aa": b"a" * 3000,
+    ".device/b/part-ab": b"b" * 2000,
+    ".device/b/model.gguf.sha256": b"x\n",
+    ".whl/w.whl": b"w" * 500,
+    ".device/drafts/eagle3/model.safetensors": b"d" * 1500,
+}
 SGLANG = {f".device/sglang/p{i}/part": b"s" * 1000 for i in range(1, 5)}
 MORE_DRAFTS = {".device/drafts/fcnorm-lr1e-3/model.safetensors": b"f" * 1500}
 
@@ -25,8 +30,14 @@ def checkout(path: Path, files: dict[str, bytes]) -> Path:
 
 
 def cargo(repo: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "scripts/gpu/cargo.sh", *args], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=60)
+    return subprocess.run(
+        ["bash", "scripts/gpu/cargo.sh", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("kind", ["all", "train"])

@@ -10,12 +10,22 @@ from draftlab.dataset_discovery import catalog as C
 from draftlab.dataset_discovery import cli as discover_cli
 
 NAMED_IN_ISSUE = [
-    "nvidia/OpenCodeInstruct", "m-a-p/Code-Feedback", "ise-uiuc/Magicoder-Evol-Instruct-110K",
-    "ise-uiuc/Magicoder-OSS-Instruct-75K", "cognitivecomputations/dolphin-coder", "sahil2801/CodeAlpaca-20k",
-    "TokenBender/code_instructions_122k_alpaca_style", "theblackcat102/evol-codealpaca-v1",
-    "glaiveai/glaive-code-assistant", "bigcode/commitpackft", "OpenCoder-LLM/opc-sft-stage1",
-    "OpenCoder-LLM/opc-sft-stage2", "iamtarun/python_code_instructions_18k_alpaca",
-    "anon8231489123/ShareGPT_Vicuna_unfiltered", "HuggingFaceH4/ultrachat_200k", "teknium/OpenHermes-2.5",
+    "nvidia/OpenCodeInstruct",
+    "m-a-p/Code-Feedback",
+    "ise-uiuc/Magicoder-Evol-Instruct-110K",
+    "ise-uiuc/Magicoder-OSS-Instruct-75K",
+    "cognitivecomputations/dolphin-coder",
+    "sahil2801/CodeAlpaca-20k",
+    "TokenBender/code_instructions_122k_alpaca_style",
+    "theblackcat102/evol-codealpaca-v1",
+    "glaiveai/glaive-code-assistant",
+    "bigcode/commitpackft",
+    "OpenCoder-LLM/opc-sft-stage1",
+    "OpenCoder-LLM/opc-sft-stage2",
+    "iamtarun/python_code_instructions_18k_alpaca",
+    "anon8231489123/ShareGPT_Vicuna_unfiltered",
+    "HuggingFaceH4/ultrachat_200k",
+    "teknium/OpenHermes-2.5",
     "open-thoughts/OpenThoughts-114k",
 ]
 
@@ -39,8 +49,12 @@ def test_malformed_catalog_names_entry_and_field(tmp_path):
     path.write_text(yaml.safe_dump({"datasets": [{"hub_id": "a/b", "name": "b", "category": "reasoning"}]}))
     with pytest.raises(C.CatalogError, match=r"datasets\[0\] \(a/b\): missing field\(s\) \['rows'"):
         C.load_catalog(path)
-    entry = {f: "unknown" for f in C.REQUIRED_FIELDS} | {"hub_id": "a/b", "category": "reasoning",
-                                                          "schema": "csv-ish", "turns": "single"}
+    entry = {f: "unknown" for f in C.REQUIRED_FIELDS} | {
+        "hub_id": "a/b",
+        "category": "reasoning",
+        "schema": "csv-ish",
+        "turns": "single",
+    }
     path.write_text(yaml.safe_dump({"datasets": [entry]}))
     with pytest.raises(C.CatalogError, match="schema 'csv-ish' has no adapter"):
         C.load_catalog(path)
@@ -73,12 +87,25 @@ class FakeApi:
     def list_datasets(self, search, sort, limit, full):
         self.calls.append((search, sort, limit, full))
         return [
-            DatasetInfo(id="m-a-p/Code-Feedback", downloads=5000, likes=170, tags=["license:apache-2.0"],
-                        cardData={"license": "apache-2.0", "size_categories": ["10K<n<100K"], "language": ["en"]}),
-            DatasetInfo(id="HuggingFaceH4/ultrachat_200k", downloads=90000, likes=500,
-                        tags=["license:mit", "size_categories:100K<n<1M"]),
-            DatasetInfo(id="someone/new-code-set", downloads=10, likes=1,
-                        tags=["license:cc-by-nc-4.0", "size_categories:1K<n<10K", "language:en"]),
+            DatasetInfo(
+                id="m-a-p/Code-Feedback",
+                downloads=5000,
+                likes=170,
+                tags=["license:apache-2.0"],
+                cardData={"license": "apache-2.0", "size_categories": ["10K<n<100K"], "language": ["en"]},
+            ),
+            DatasetInfo(
+                id="HuggingFaceH4/ultrachat_200k",
+                downloads=90000,
+                likes=500,
+                tags=["license:mit", "size_categories:100K<n<1M"],
+            ),
+            DatasetInfo(
+                id="someone/new-code-set",
+                downloads=10,
+                likes=1,
+                tags=["license:cc-by-nc-4.0", "size_categories:1K<n<10K", "language:en"],
+            ),
         ][:limit]
 
 
@@ -106,13 +133,21 @@ def test_score_ranks_with_reasons(catalog):
     chat = table[table.hub_id == "anon8231489123/ShareGPT_Vicuna_unfiltered"].score.item()
     assert code > chat
     chat_table = C.score(catalog, C.Workload(domain="chat"))
-    assert chat_table[chat_table.hub_id == "HuggingFaceH4/ultrachat_200k"].score.item() > \
-        table[table.hub_id == "HuggingFaceH4/ultrachat_200k"].score.item()
+    assert (
+        chat_table[chat_table.hub_id == "HuggingFaceH4/ultrachat_200k"].score.item()
+        > table[table.hub_id == "HuggingFaceH4/ultrachat_200k"].score.item()
+    )
 
 
 def test_non_commercial_license_is_penalised_only_for_commercial_use():
-    entry = {"hub_id": "x/y", "license": "cc-by-nc-4.0", "rows": 50000, "schema": "alpaca", "turns": "single",
-             "category": "Alpaca-style"}
+    entry = {
+        "hub_id": "x/y",
+        "license": "cc-by-nc-4.0",
+        "rows": 50000,
+        "schema": "alpaca",
+        "turns": "single",
+        "category": "Alpaca-style",
+    }
     commercial, reasons = C.score_entry(entry, C.Workload(commercial=True))
     research, _ = C.score_entry(entry, C.Workload(commercial=False))
     assert research - commercial == 5 and any("non-commercial" in r for r in reasons)

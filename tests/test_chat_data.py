@@ -40,7 +40,7 @@ def test_mask_covers_assistant_replies_and_end_of_turn_only(tok):
     assert masked_text(tok, ids, mask) == "Hello! How can I help?<|im_end|>4<|im_end|>"
     # the newline the template writes after <|im_end|> is not a training target
     last = max(j for j, m in enumerate(mask) if m)
-    assert tok.decode([ids[last]]) == "<|im_end|>" and tok.decode(ids[last + 1:]) == "\n"
+    assert tok.decode([ids[last]]) == "<|im_end|>" and tok.decode(ids[last + 1 :]) == "\n"
     # the text is the template's own rendering, without extra special tokens
     assert tok.decode(ids) == tok.apply_chat_template(CHAT, tokenize=False)
 
@@ -53,16 +53,20 @@ def test_default_system_prompt_template_still_masks_right(tok):
 
 def test_other_template_without_newline(tok):
     t = load_tokenizer("tiny")
-    t.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ': ' + m['content'] + '<|im_end|>' }}"
-                       "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant: ' }}{% endif %}")
+    t.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + ': ' + m['content'] + '<|im_end|>' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant: ' }}{% endif %}"
+    )
     ids, mask, _ = tokenize_conversation(t, CHAT[1:3], 512)
     assert masked_text(t, ids, mask).strip() == "Hello! How can I help?<|im_end|>"
 
 
 def test_overlong_truncate_or_drop_and_counts(tok):
-    rows = [make_conversation(CHAT, "x"),
-            make_conversation([{"role": "user", "content": "q " * 300}, {"role": "assistant", "content": "a"}], "x"),
-            make_conversation([{"role": "user", "content": "only a question"}], "x")]
+    rows = [
+        make_conversation(CHAT, "x"),
+        make_conversation([{"role": "user", "content": "q " * 300}, {"role": "assistant", "content": "a"}], "x"),
+        make_conversation([{"role": "user", "content": "only a question"}], "x"),
+    ]
     kept, st = tokenize_rows(rows, tok, 64, "truncate")
     assert (st.kept, st.truncated, st.dropped_no_assistant) == (1, 0, 2)  # the truncated one lost its reply
     kept, st = tokenize_rows(rows[:1], tok, 40, "truncate")
@@ -106,8 +110,10 @@ def test_load_tokenized_caches(tok, tmp_path):
 
 
 def test_draft_vocab_by_masked_frequency():
-    samples = [{"input_ids": [7, 5, 5, 9, 9, 9, 3], "loss_mask": [0, 1, 1, 1, 1, 1, 0]},
-               {"input_ids": [9, 2, 2], "loss_mask": [1, 0, 0]}]
+    samples = [
+        {"input_ids": [7, 5, 5, 9, 9, 9, 3], "loss_mask": [0, 1, 1, 1, 1, 1, 0]},
+        {"input_ids": [9, 2, 2], "loss_mask": [1, 0, 0]},
+    ]
     counts = token_counts(samples, 12)
     assert counts.tolist() == [0, 0, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0]  # unmasked 7, 3, 2 not counted
     assert build_draft_vocab(counts, 1).tolist() == [9]
@@ -115,5 +121,7 @@ def test_draft_vocab_by_masked_frequency():
     assert build_draft_vocab(counts, 4).tolist() == [0, 1, 5, 9]  # padded with the lowest unseen ids
     assert coverage(counts, torch.tensor([9])) == pytest.approx(4 / 6)
     with pytest.raises(ValueError, match="sample b: token id 20 >= vocab_size 12"):
-        token_counts([{"id": "a", "input_ids": [3], "loss_mask": [1]},
-                      {"id": "b", "input_ids": [20, 30], "loss_mask": [1, 0]}], 12)
+        token_counts(
+            [{"id": "a", "input_ids": [3], "loss_mask": [1]}, {"id": "b", "input_ids": [20, 30], "loss_mask": [1, 0]}],
+            12,
+        )

@@ -23,12 +23,14 @@ def test_the_lazy_listing_is_the_full_one(argv):
 
 
 def test_help_imports_no_stage_and_no_torch():
-    code = ("import sys\nfrom draftlab import cli\ncli.build_parser(['--help']).format_help()\n"
-            "cli.build_parser(['bench', '--help']).format_help()\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'pandas'))\n"
-            "stages = sorted(m for m in sys.modules\n"
-            "                if m.startswith('draftlab.') and m.split('.')[1] not in ('core', 'cli'))\n"
-            "print(heavy, stages)")
+    code = (
+        "import sys\nfrom draftlab import cli\ncli.build_parser(['--help']).format_help()\n"
+        "cli.build_parser(['bench', '--help']).format_help()\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'pandas'))\n"
+        "stages = sorted(m for m in sys.modules\n"
+        "                if m.startswith('draftlab.') and m.split('.')[1] not in ('core', 'cli'))\n"
+        "print(heavy, stages)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] []", out
 

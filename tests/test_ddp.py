@@ -20,8 +20,17 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
     common = dict(epochs=1, save_every=100, eval_every=100, threads=1, batch_tokens=160)
     ddp_out = tmp_path / "ddp" / "eagle3"
     cfg = small_config(files, ddp_out, grad_accum=2, **common)
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-            f"--master_port={free_port()}", "-m", "draftlab.cli", "train"]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        "-m",
+        "draftlab.cli",
+        "train",
+    ]
     for k, v in vars(cfg).items():
         if k == "capture_layers":
             continue
@@ -47,10 +56,28 @@ def test_two_ranks_stop_at_the_same_step_by_rank_0s_clock(tmp_path):
 
     files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "ddp" / "eagle3"
-    cfg = small_config(files, out, epochs=2, save_every=100, eval_every=100, threads=1, batch_tokens=160,
-                       log_every=2, stop_at=time.time() - 1)
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-            f"--master_port={free_port()}", "-m", "draftlab.cli", "train"]
+    cfg = small_config(
+        files,
+        out,
+        epochs=2,
+        save_every=100,
+        eval_every=100,
+        threads=1,
+        batch_tokens=160,
+        log_every=2,
+        stop_at=time.time() - 1,
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        f"--master_port={free_port()}",
+        "-m",
+        "draftlab.cli",
+        "train",
+    ]
     for k, v in vars(cfg).items():
         if k != "capture_layers":
             args += [f"--{k.replace('_', '-')}", str(v)]

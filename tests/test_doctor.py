@@ -147,16 +147,19 @@ def test_input_of_layer_ids_without_record_are_flagged(tmp_path):
     assert problems(diagnose(str(d), "tiny")) == [("capture_layers_convention", "warning")]
 
 
-@pytest.mark.parametrize("breakage,expect", [
-    ("missing_folder", "draft folder not found"),
-    ("bad_json", "config.json: not valid JSON (line"),
-    ("no_config", "config.json: file not found"),
-    ("truncated_weights", "model.safetensors: not a readable safetensors file"),
-    ("bin_only", "model.safetensors: file not found (found pytorch_model.bin"),
-    ("bad_launch", "cannot split it"),
-    ("bad_server_info", "server_info.json: not valid JSON"),
-    ("missing_target", "target not found"),
-])
+@pytest.mark.parametrize(
+    "breakage,expect",
+    [
+        ("missing_folder", "draft folder not found"),
+        ("bad_json", "config.json: not valid JSON (line"),
+        ("no_config", "config.json: file not found"),
+        ("truncated_weights", "model.safetensors: not a readable safetensors file"),
+        ("bin_only", "model.safetensors: file not found (found pytorch_model.bin"),
+        ("bad_launch", "cannot split it"),
+        ("bad_server_info", "server_info.json: not valid JSON"),
+        ("missing_target", "target not found"),
+    ],
+)
 def test_malformed_inputs_give_one_line_naming_the_file(library, tmp_path, capsys, breakage, expect):
     _, good, _ = library
     d = tmp_path / "d"
@@ -257,8 +260,9 @@ def test_probe_without_spec_fields_reports_absent():
 
 
 def test_probe_falls_back_to_get_server_info_and_generate():
-    with SGLangStub(algorithm="EAGLE3", tokens=30, verify=10, server_info_path="/get_server_info",
-                    openai_meta=False) as url:
+    with SGLangStub(
+        algorithm="EAGLE3", tokens=30, verify=10, server_info_path="/get_server_info", openai_meta=False
+    ) as url:
         report = probe(url)
     assert report.server_info_endpoint == "/get_server_info"
     assert report.endpoint == "/generate" and report.acceptance_length == pytest.approx(3.0)
@@ -350,8 +354,9 @@ def test_deepseek_non_default_layers_export_passes_doctor(tmp_path, layers):
     from draftlab.model.export import export_draft, validate
 
     info = load_target_info(DEEPSEEK_TINY)
-    cfg = draft_config_for_target(AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128,
-                                  capture_layers=layers)
+    cfg = draft_config_for_target(
+        AutoConfig.from_pretrained(info.config_path.parent), draft_vocab_size=128, capture_layers=layers
+    )
     draft = Eagle3Draft(cfg, torch.nn.Embedding(info.vocab_size, info.hidden_size))
     draft.set_vocab(torch.arange(128))
     out = export_draft(draft, tmp_path / "ds", max_position_embeddings=info.max_position_embeddings)

@@ -84,8 +84,10 @@ def test_ttt_step_i_equals_the_inference_chain(draft, tiny_target):
     T = 11
     pos = torch.arange(T)[None].expand(2, -1)
     with torch.no_grad():
-        ttt = {i: draft.head(hid) for i, hid in draft.ttt_forward(ids[:, 1:], h[:, :T], pos,
-                                                                     torch.ones(2, T, dtype=torch.bool), 4)}
+        ttt = {
+            i: draft.head(hid)
+            for i, hid in draft.ttt_forward(ids[:, 1:], h[:, :T], pos, torch.ones(2, T, dtype=torch.bool), 4)
+        }
         for t in (0, 3, 6):
             logits, hid, cache = draft(ids[:, 1 : t + 2], h[:, : t + 1], pos[:, : t + 1])
             assert torch.allclose(logits[:, t], ttt[0][:, t], atol=1e-5)

@@ -102,20 +102,33 @@ def _corrupt(src, dst, config_edit=None, tensors_edit=None):
         ("tied", lambda c: c.update(tie_word_embeddings=True), None, "tie_word_embeddings"),
         ("no_rope_theta", lambda c: c.pop("rope_theta"), None, "rope_theta"),
         ("short_context", lambda c: c.update(max_position_embeddings=2048), None, "max_position_embeddings 2048"),
-        ("bad_layers", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 15, 30]), None,
-         "outside"),
+        (
+            "bad_layers",
+            lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 15, 30]),
+            None,
+            "outside",
+        ),
         ("arch", lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "architectures"),
         ("prefix", None, lambda w: w.update({"draft_model.fc.weight": w.pop("fc.weight")}), "prefixed"),
-        ("embed", None, lambda w: w.update({"embed_tokens.weight": torch.zeros(V, H, dtype=torch.bfloat16)}),
-         "embedding"),
-        ("fc_shape", None, lambda w: w.update({"fc.weight": torch.zeros(H, H, dtype=torch.bfloat16)}),
-         "fc.weight shape"),
+        (
+            "embed",
+            None,
+            lambda w: w.update({"embed_tokens.weight": torch.zeros(V, H, dtype=torch.bfloat16)}),
+            "embedding",
+        ),
+        (
+            "fc_shape",
+            None,
+            lambda w: w.update({"fc.weight": torch.zeros(H, H, dtype=torch.bfloat16)}),
+            "fc.weight shape",
+        ),
         ("d2t_dtype", None, lambda w: w.update({"d2t": w["d2t"].to(torch.int32)}), "d2t dtype"),
         ("bias", None, lambda w: w.update({"norm.bias": torch.zeros(H)}), "bias"),
     ],
 )
-def test_validator_reports_each_deviation(tmp_path, embedded_export, embedded_config, name, config_edit,
-                                          tensors_edit, expect):
+def test_validator_reports_each_deviation(
+    tmp_path, embedded_export, embedded_config, name, config_edit, tensors_edit, expect
+):
     bad = _corrupt(embedded_export[0], tmp_path / name, config_edit, tensors_edit)
     problems = validate(bad, embedded_config)
     assert any(expect in p for p in problems), problems
@@ -134,9 +147,18 @@ def test_validator_reports_several_deviations_and_missing_files(tmp_path, embedd
 
 
 def test_eagle1_variant_exports_without_fc(tmp_path):
-    cfg = draft_config_for_target(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                                              num_attention_heads=4, num_key_value_heads=2, vocab_size=1000),
-                                  draft_vocab_size=100, use_aux=False)
+    cfg = draft_config_for_target(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+        ),
+        draft_vocab_size=100,
+        use_aux=False,
+    )
     draft = Eagle3Draft(cfg, torch.nn.Embedding(1000, 64))
     assert not hasattr(draft, "fc")
     export_draft(draft, tmp_path / "e1")

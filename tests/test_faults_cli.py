@@ -29,35 +29,79 @@ COMMANDS = [
     ("run", ["run", "{path}", "--profile", "smoke"], "", ("missing",)),
     ("target", ["target", "{path}"], ".gguf", ("missing", "directory", "random")),
     ("blend", ["blend", "{path}", "--out", "{tmp}/out"], ".yaml", ("missing", "directory", "random")),
-    ("regenerate", ["regenerate", "{path}", "{tmp}/work", "--base-url", "{url}", "--model", "x", "--no-progress"],
-     ".jsonl", ("missing", "directory", "random", "dead_server")),
+    (
+        "regenerate",
+        ["regenerate", "{path}", "{tmp}/work", "--base-url", "{url}", "--model", "x", "--no-progress"],
+        ".jsonl",
+        ("missing", "directory", "random", "dead_server"),
+    ),
     ("monitor", ["monitor", "{path}"], "", ("missing", "random")),
-    ("train", ["train", "--train-file", "{path}", "--out-dir", "{tmp}/train", "--target", "tiny"], ".jsonl",
-     ("missing", "directory", "random")),
+    (
+        "train",
+        ["train", "--train-file", "{path}", "--out-dir", "{tmp}/train", "--target", "tiny"],
+        ".jsonl",
+        ("missing", "directory", "random"),
+    ),
     ("export", ["export", "{path}", "{tmp}/exported"], "", ("missing", "random")),
     ("export_validate", ["export", "--validate-only", "{tmp}/unused", "{path}"], "", ("missing", "random")),
     ("doctor_draft", ["doctor", "--draft", "{path}", "--target", "tiny"], "", ("missing", "random")),
     ("doctor_server_info", ["doctor", "--server-info", "{path}"], ".json", ("missing", "directory", "random")),
     ("doctor_probe", ["doctor", "--probe", "{url}"], "", ("dead_server",)),
-    ("sglang_stage", ["sglang", "stage", "--parts-dir", "{path}", "--stage", "{tmp}/stage"], "",
-     ("missing", "random")),
-    ("sglang_install", ["sglang", "install", "--stage", "{path}", "--prefix", "{tmp}/prefix"], "",
-     ("missing", "random")),
+    ("sglang_stage", ["sglang", "stage", "--parts-dir", "{path}", "--stage", "{tmp}/stage"], "", ("missing", "random")),
+    (
+        "sglang_install",
+        ["sglang", "install", "--stage", "{path}", "--prefix", "{tmp}/prefix"],
+        "",
+        ("missing", "random"),
+    ),
     ("bench_blend", ["bench", "blend", "-n", "10", "--tokenizer", "{path}"], ".gguf", ("missing", "random")),
-    ("bench_client", ["bench", "client", "--base-url", "{url}", "--model", "x", "--n", "2", "--rounds", "1"], "",
-     ("dead_server",)),
-    ("bench_generate", ["bench", "generate", "{path}", "--target", "tiny"], ".jsonl",
-     ("missing", "directory", "random")),
-    ("bench_live", ["bench", "live", "--baseline", "{url}", "--eval-set", "{path}"], ".jsonl",
-     ("missing", "directory", "random")),
-    ("bench_live_server", ["bench", "live", "--baseline", "{url}", "--samples", "2", "--repeats", "1",
-                           "--warmup", "0", "--concurrency", "1"], "", ("dead_server",)),
-    ("bench_specdec_draft", ["bench", "specdec", "--target", "tiny", "--draft", "{path}"], "",
-     ("missing", "random")),
-    ("bench_specdec_eval", ["bench", "specdec", "--target", "tiny", "--draft", "{tmp}", "--eval-set", "{path}"],
-     ".jsonl", ("missing", "directory", "random")),
+    (
+        "bench_client",
+        ["bench", "client", "--base-url", "{url}", "--model", "x", "--n", "2", "--rounds", "1"],
+        "",
+        ("dead_server",),
+    ),
+    (
+        "bench_generate",
+        ["bench", "generate", "{path}", "--target", "tiny"],
+        ".jsonl",
+        ("missing", "directory", "random"),
+    ),
+    (
+        "bench_live",
+        ["bench", "live", "--baseline", "{url}", "--eval-set", "{path}"],
+        ".jsonl",
+        ("missing", "directory", "random"),
+    ),
+    (
+        "bench_live_server",
+        [
+            "bench",
+            "live",
+            "--baseline",
+            "{url}",
+            "--samples",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "1",
+        ],
+        "",
+        ("dead_server",),
+    ),
+    ("bench_specdec_draft", ["bench", "specdec", "--target", "tiny", "--draft", "{path}"], "", ("missing", "random")),
+    (
+        "bench_specdec_eval",
+        ["bench", "specdec", "--target", "tiny", "--draft", "{tmp}", "--eval-set", "{path}"],
+        ".jsonl",
+        ("missing", "directory", "random"),
+    ),
     ("bench_sglang", ["bench", "sglang", "--draft", "{path}", "--python", sys.executable], "", ("missing",)),
 ]
+
 
 def _cases():
     for name, argv, suffix, faults in COMMANDS:
@@ -81,11 +125,19 @@ def run_case(argv: list[str], suffix: str, fault: str, tmp_path) -> subprocess.C
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     values = {"path": _path_under_test(tmp_path, suffix, fault), "tmp": str(tmp_path), "url": url}
     args = [a.format(**values) for a in argv]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1"
+    )
     try:
-        return subprocess.run([sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "draftlab.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"no outcome within {TIMEOUT_S} s: draftlab {' '.join(args)}\n{exc.stdout}\n{exc.stderr}")
 
@@ -96,8 +148,12 @@ def test_fault_gives_one_line_error(argv, suffix, fault, tmp_path, request):
     output = proc.stdout + proc.stderr
     if os.environ.get("DRAFTLAB_FAULTS_LOG"):  # the before/after counts of the issue's closing note
         with open(os.environ["DRAFTLAB_FAULTS_LOG"], "a") as fh:
-            fh.write(json.dumps({"case": request.node.callspec.id, "rc": proc.returncode,
-                                 "traceback": "Traceback" in output}) + "\n")
+            fh.write(
+                json.dumps(
+                    {"case": request.node.callspec.id, "rc": proc.returncode, "traceback": "Traceback" in output}
+                )
+                + "\n"
+            )
     assert "Traceback" not in output, output[-3000:]
     assert proc.returncode != 0, output[-3000:]
 
@@ -107,8 +163,15 @@ def test_fault_gives_one_line_error(argv, suffix, fault, tmp_path, request):
 
 def draftlab(*args, cwd, timeout=TIMEOUT_S) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "draftlab.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_one_line_error(proc, *names):
@@ -128,9 +191,13 @@ ALPACA = b'{"instruction": "Write a function that adds two numbers", "output": "
 def blend_spec(tmp_path, sources: list[dict]) -> str:
     import yaml
 
-    spec = {"name": "faults", "tokenizer": "none", "decontaminate": {"against": []},
-            "filters": {"min_tokens": 1, "max_tokens": 4000},
-            "sources": [{"name": "good", "kind": "local", "path": str(tmp_path / "good.jsonl")}, *sources]}
+    spec = {
+        "name": "faults",
+        "tokenizer": "none",
+        "decontaminate": {"against": []},
+        "filters": {"min_tokens": 1, "max_tokens": 4000},
+        "sources": [{"name": "good", "kind": "local", "path": str(tmp_path / "good.jsonl")}, *sources],
+    }
     (tmp_path / "good.jsonl").write_bytes(ALPACA * 3)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -148,10 +215,14 @@ def _broken_parquets(tmp_path):
     (tmp_path / "random.parquet").write_bytes(os.urandom(4096))
 
 
-@pytest.mark.parametrize("name, content", [
-    ("truncated.parquet", None), ("random.parquet", None),
-    ("quote.csv", b'instruction,output\n"an unterminated quote,answer\nx,y\n'),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("truncated.parquet", None),
+        ("random.parquet", None),
+        ("quote.csv", b'instruction,output\n"an unterminated quote,answer\nx,y\n'),
+    ],
+)
 def test_blend_unreadable_source_is_one_line_naming_the_file(tmp_path, name, content):
     _broken_parquets(tmp_path)
     if content is not None:
@@ -166,8 +237,13 @@ def test_blend_empty_sources_are_rejected_and_the_blend_goes_on(tmp_path):
 
     (tmp_path / "empty.jsonl").write_bytes(b"")
     (tmp_path / "blank.csv").write_bytes(b"\n   \n\n")
-    spec = blend_spec(tmp_path, [{"name": "empty", "kind": "local", "path": str(tmp_path / "empty.jsonl")},
-                                 {"name": "blank", "kind": "local", "path": str(tmp_path / "blank.csv")}])
+    spec = blend_spec(
+        tmp_path,
+        [
+            {"name": "empty", "kind": "local", "path": str(tmp_path / "empty.jsonl")},
+            {"name": "blank", "kind": "local", "path": str(tmp_path / "blank.csv")},
+        ],
+    )
     proc = draftlab("blend", spec, "--out", tmp_path / "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "rejected source empty" in proc.stderr and "rejected source blank" in proc.stderr
@@ -180,8 +256,9 @@ def test_blend_empty_sources_are_rejected_and_the_blend_goes_on(tmp_path):
 
 def test_blend_required_empty_source_stops_the_blend(tmp_path):
     (tmp_path / "empty.jsonl").write_bytes(b"\n\n")
-    spec = blend_spec(tmp_path, [{"name": "must", "kind": "local", "path": str(tmp_path / "empty.jsonl"),
-                                  "required": True}])
+    spec = blend_spec(
+        tmp_path, [{"name": "must", "kind": "local", "path": str(tmp_path / "empty.jsonl"), "required": True}]
+    )
     proc = draftlab("blend", spec, "--out", tmp_path / "out", cwd=tmp_path)
     assert_one_line_error(proc, "'must'", "required")
     assert not (tmp_path / "out" / "train.jsonl").exists()
@@ -193,8 +270,13 @@ def test_blend_rejects_name_the_line_an_editor_shows(tmp_path):
     lines = [ALPACA, b'{"instruction": "no output here"}\n', b"\n", b"not json\n", ALPACA.replace(b"adds", b"sums")]
     (tmp_path / "mixed.jsonl").write_bytes(b"".join(lines))
     (tmp_path / "rows.csv").write_bytes(b'instruction,output\nq1,a1\n"q2",\nq3,a3\n')
-    spec = blend_spec(tmp_path, [{"name": "mixed", "kind": "local", "path": str(tmp_path / "mixed.jsonl")},
-                                 {"name": "rows", "kind": "local", "path": str(tmp_path / "rows.csv")}])
+    spec = blend_spec(
+        tmp_path,
+        [
+            {"name": "mixed", "kind": "local", "path": str(tmp_path / "mixed.jsonl")},
+            {"name": "rows", "kind": "local", "path": str(tmp_path / "rows.csv")},
+        ],
+    )
     proc = draftlab("blend", spec, "--out", tmp_path / "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rejects = [json.loads(ln) for ln in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
@@ -203,11 +285,29 @@ def test_blend_rejects_name_the_line_an_editor_shows(tmp_path):
 
 def test_train_checks_its_inputs_before_loading_the_target(tmp_path):
     """A target that does not exist: the error must still be the train file's, so it was checked first."""
-    proc = draftlab("train", "--train-file", tmp_path / "missing.jsonl", "--out-dir", tmp_path / "t",
-                    "--target", tmp_path / "no-such-target", cwd=tmp_path, timeout=120)
+    proc = draftlab(
+        "train",
+        "--train-file",
+        tmp_path / "missing.jsonl",
+        "--out-dir",
+        tmp_path / "t",
+        "--target",
+        tmp_path / "no-such-target",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(proc, tmp_path / "missing.jsonl", "does not exist")
-    proc = draftlab("train", "--train-file", tmp_path, "--out-dir", tmp_path / "t", "--target",
-                    tmp_path / "no-such-target", cwd=tmp_path, timeout=120)
+    proc = draftlab(
+        "train",
+        "--train-file",
+        tmp_path,
+        "--out-dir",
+        tmp_path / "t",
+        "--target",
+        tmp_path / "no-such-target",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(proc, "is a folder")
 
 
@@ -220,23 +320,52 @@ def test_train_resume_with_another_recipe_is_one_line(tmp_path):
     (tmp_path / "train.jsonl").write_bytes(b"{}\n")
     ck = tmp_path / "t" / "ckpt-0000003"
     ck.mkdir(parents=True)
-    old = dataclasses.asdict(TrainConfig(train_file=str(tmp_path / "train.jsonl"), out_dir=str(tmp_path / "t"),
-                                         lr=1e-3))
+    old = dataclasses.asdict(
+        TrainConfig(train_file=str(tmp_path / "train.jsonl"), out_dir=str(tmp_path / "t"), lr=1e-3)
+    )
     (ck / "state.json").write_text(json.dumps({"train_config": old, "step": 3}))
-    proc = draftlab("train", "--train-file", tmp_path / "train.jsonl", "--out-dir", tmp_path / "t", "--resume",
-                    "--target", tmp_path / "no-such-target", cwd=tmp_path, timeout=120)
+    proc = draftlab(
+        "train",
+        "--train-file",
+        tmp_path / "train.jsonl",
+        "--out-dir",
+        tmp_path / "t",
+        "--resume",
+        "--target",
+        tmp_path / "no-such-target",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(proc, ck, "other settings", "'lr'")
 
 
 def test_bench_specdec_checks_draft_and_eval_set_before_the_target(tmp_path):
-    proc = draftlab("bench", "specdec", "--target", tmp_path / "no-such-target", "--draft", tmp_path / "nodraft",
-                    cwd=tmp_path, timeout=120)
+    proc = draftlab(
+        "bench",
+        "specdec",
+        "--target",
+        tmp_path / "no-such-target",
+        "--draft",
+        tmp_path / "nodraft",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(proc, "--draft", "does not exist")
     (tmp_path / "draft").mkdir()
     (tmp_path / "draft" / "config.json").write_text("{}")
     (tmp_path / "draft" / "model.safetensors").write_bytes(b"")
-    proc = draftlab("bench", "specdec", "--target", tmp_path / "no-such-target", "--draft", tmp_path / "draft",
-                    "--eval-set", tmp_path / "missing.jsonl", cwd=tmp_path, timeout=120)
+    proc = draftlab(
+        "bench",
+        "specdec",
+        "--target",
+        tmp_path / "no-such-target",
+        "--draft",
+        tmp_path / "draft",
+        "--eval-set",
+        tmp_path / "missing.jsonl",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert_one_line_error(proc, "--eval-set", "does not exist")
 
 
@@ -250,8 +379,11 @@ def test_precompute_removes_the_temp_files_a_killed_run_left(tmp_path, tiny_targ
     ds = _tiny_dataset(tiny_target)
     out = tmp_path / "hidden"
     out.mkdir()
-    leftovers = [out / f"shard-00000.safetensors{TMP_SUFFIX}", out / "shard-00007.safetensors.tmp",
-                 out / "index.json.tmp"]
+    leftovers = [
+        out / f"shard-00000.safetensors{TMP_SUFFIX}",
+        out / "shard-00007.safetensors.tmp",
+        out / "index.json.tmp",
+    ]
     for path in leftovers:
         path.write_bytes(os.urandom(1 << 16))
     (out / "notes.tmp").write_text("someone else's")

@@ -24,8 +24,13 @@ LAUNCHER = "python -m sglang.launch_server --model-path /m"
 def draftlab(*argv, timeout=120):
     """(exit code, stdout, stderr) of `draftlab ARGV` in a fresh interpreter."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-m", "draftlab.cli", *map(str, argv)], capture_output=True, text=True,
-                       timeout=timeout, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -55,7 +60,7 @@ def draft(good, tmp_path):
 def _header(path):
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _write(path, header, data):
@@ -64,6 +69,7 @@ def _write(path, header, data):
 
 
 # ---- export --validate-only (19.3) and export's own inputs (19.5) ----------------------------------
+
 
 def test_good_export_conforms_with_target(good):
     code, out, err = draftlab("export", "-", good, "--validate-only", "--target", "tiny")
@@ -111,8 +117,9 @@ def test_short_context_fails_with_target(draft):
 
 
 def test_validate_with_missing_target_is_one_line(draft, tmp_path):
-    one_line_error(*draftlab("export", "-", draft, "--validate-only", "--target", tmp_path / "no-target"), 2,
-                   "no-target")
+    one_line_error(
+        *draftlab("export", "-", draft, "--validate-only", "--target", tmp_path / "no-target"), 2, "no-target"
+    )
 
 
 def test_export_of_a_missing_checkpoint_is_one_line(tmp_path):
@@ -121,14 +128,18 @@ def test_export_of_a_missing_checkpoint_is_one_line(tmp_path):
 
 # ---- doctor: config fields read strictly (19.5, 19.6) ------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [
-    ("max_position_embeddings", "8k"),
-    ("rope_theta", "big"),
-    ("tie_word_embeddings", "false"),
-    ("vocab_size", "49152"),
-    ("intermediate_size", "big"),
-    ("hidden_size", 64.5),
-])
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_position_embeddings", "8k"),
+        ("rope_theta", "big"),
+        ("tie_word_embeddings", "false"),
+        ("vocab_size", "49152"),
+        ("intermediate_size", "big"),
+        ("hidden_size", 64.5),
+    ],
+)
 def test_doctor_reads_config_fields_strictly(draft, field, value):
     edit_config(draft, lambda c: c.update({field: value}))
     code, out, err = draftlab("doctor", "--draft", draft, "--target", "tiny")
@@ -143,24 +154,36 @@ def test_doctor_reads_target_fields_strictly(good, tmp_path):
     cfg["num_hidden_layers"] = "six"
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text(json.dumps(cfg))
-    one_line_error(*draftlab("doctor", "--draft", good, "--target", tmp_path / "target"), 2,
-                   "config.json", "num_hidden_layers")
+    one_line_error(
+        *draftlab("doctor", "--draft", good, "--target", tmp_path / "target"), 2, "config.json", "num_hidden_layers"
+    )
 
 
 # ---- doctor: launch commands that cannot be right (19.6) --------------------------------------------
 
-@pytest.mark.parametrize("command,names", [
-    ("hello world how are you", ["not an SGLang launch command"]),
-    ("", ["empty"]),
-    ("   ", ["empty"]),
-    (f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d --speculative-num-steps 0",
-     ["--speculative-num-steps", "0"]),
-    (f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d --speculative-eagle-topk -5",
-     ["--speculative-eagle-topk", "-5"]),
-    (f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d --speculative-num-draft-tokens -1",
-     ["--speculative-num-draft-tokens", "-1"]),
-    (f"{LAUNCHER} --speculative-algorithm EAGLE9 --speculative-draft-model-path /d", ["EAGLE9"]),
-])
+
+@pytest.mark.parametrize(
+    "command,names",
+    [
+        ("hello world how are you", ["not an SGLang launch command"]),
+        ("", ["empty"]),
+        ("   ", ["empty"]),
+        (
+            f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d --speculative-num-steps 0",
+            ["--speculative-num-steps", "0"],
+        ),
+        (
+            f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d --speculative-eagle-topk -5",
+            ["--speculative-eagle-topk", "-5"],
+        ),
+        (
+            f"{LAUNCHER} --speculative-algorithm EAGLE3 --speculative-draft-model-path /d "
+            "--speculative-num-draft-tokens -1",
+            ["--speculative-num-draft-tokens", "-1"],
+        ),
+        (f"{LAUNCHER} --speculative-algorithm EAGLE9 --speculative-draft-model-path /d", ["EAGLE9"]),
+    ],
+)
 def test_doctor_refuses_impossible_launch_commands(command, names):
     one_line_error(*draftlab("doctor", "--launch", command), 2, *names)
 
@@ -173,6 +196,7 @@ def test_draft_path_without_algorithm_is_an_error_with_the_fixed_command():
 
 # ---- doctor --probe: an unreachable server is an error (19.4) ---------------------------------------
 
+
 @pytest.mark.parametrize("url", ["closed", "not a url", "ftp://127.0.0.1/x", "http://"])
 def test_probe_of_unreachable_or_malformed_url_is_one_line(url):
     if url == "closed":
@@ -184,11 +208,14 @@ def test_probe_of_unreachable_or_malformed_url_is_one_line(url):
 
 # ---- doctor tables show fix and why whole (20.6) ----------------------------------------------------
 
+
 def test_findings_table_shows_long_fix_whole():
     from draftlab.flag_diagnosis.doctor import diagnose, findings_table
 
-    cmd = (f"{LAUNCHER} --speculative-algorithm EAGLE --speculative-draft-model-path /very/long/path/to/a/draft "
-           "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+    cmd = (
+        f"{LAUNCHER} --speculative-algorithm EAGLE --speculative-draft-model-path /very/long/path/to/a/draft "
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
     result = diagnose(launches=[cmd])
     fix = next(f.fix for f in result["findings"] if f.check == "algorithm" and f.severity == "error")
     assert len(fix) > 100

@@ -26,8 +26,14 @@ GOOD = {"id": "a", "source": "s", "messages": [{"role": "user", "content": "hi"}
 
 def draftlab(*argv, timeout=60, **kw):
     env = dict(os.environ, PYTHONPATH=LIB + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "draftlab.cli", *map(str, argv)], capture_output=True,
-                          text=True, env=env, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def assert_one_line_error(proc, code: int, *needles: str) -> str:
@@ -55,14 +61,26 @@ INPUT_CASES = [
     ("no messages field", rows_text({"id": "a"}), [], ["line 1", "'messages'"]),
     ("messages a string", rows_text({"id": "a", "messages": "hi"}), [], ["line 1", "'messages'"]),
     ("empty messages", rows_text({"id": "a", "messages": []}), [], ["line 1", "'messages'"]),
-    ("content a number", rows_text({"id": "a", "messages": [{"role": "user", "content": 3}]}), [],
-     ["line 1", "messages[0].content"]),
-    ("unknown role", rows_text({"id": "a", "messages": [{"role": "bot", "content": "x"}]}), [],
-     ["line 1", "messages[0].role"]),
+    (
+        "content a number",
+        rows_text({"id": "a", "messages": [{"role": "user", "content": 3}]}),
+        [],
+        ["line 1", "messages[0].content"],
+    ),
+    (
+        "unknown role",
+        rows_text({"id": "a", "messages": [{"role": "bot", "content": "x"}]}),
+        [],
+        ["line 1", "messages[0].role"],
+    ),
     ("id a number", rows_text({"id": 7, "messages": [{"role": "user", "content": "x"}]}), [], ["line 1", "'id'"]),
     ("duplicate id", rows_text(GOOD, GOOD), [], ["line 2", "duplicate id"]),
-    ("no user turn", rows_text({"id": "a", "messages": [{"role": "assistant", "content": "x"}]}), [],
-     ["line 1", "no user turn"]),
+    (
+        "no user turn",
+        rows_text({"id": "a", "messages": [{"role": "assistant", "content": "x"}]}),
+        [],
+        ["line 1", "no user turn"],
+    ),
     ("--concurrency 0", rows_text(GOOD), ["--concurrency", "0"], ["concurrency"]),
     ("--timeout 0", rows_text(GOOD), ["--timeout", "0"], ["request_timeout"]),
     ("--system-policy set without a prompt", rows_text(GOOD), ["--system-policy", "set"], ["--system-prompt"]),
@@ -74,8 +92,17 @@ INPUT_CASES = [
 def test_bad_input_file_is_one_line(tmp_path, case, content, flags, needles):
     src = tmp_path / "in.jsonl"
     src.write_bytes(content if isinstance(content, bytes) else content.encode())
-    proc = draftlab("regenerate", src, tmp_path / "w", "--base-url", f"http://127.0.0.1:{free_port()}",
-                    "--model", "x", "--no-progress", *flags)
+    proc = draftlab(
+        "regenerate",
+        src,
+        tmp_path / "w",
+        "--base-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--model",
+        "x",
+        "--no-progress",
+        *flags,
+    )
     line = assert_one_line_error(proc, 2, *needles)
     if "line " in " ".join(needles):
         assert str(src) in line  # the file, the row and the field
@@ -147,11 +174,20 @@ def test_work_folder_held_by_another_process(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [GOOD])
     work = tmp_path / "w"
     work.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(work / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, str(os.getpid()).encode(), 0)\n"
-        "print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time\n"
+                f"fd = os.open({str(work / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, str(os.getpid()).encode(), 0)\n"
+                "print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         proc = draftlab("regenerate", src, work, "--base-url", f"http://127.0.0.1:{free_port()}", "--model", "x")
@@ -174,8 +210,9 @@ def test_unreadable_input(tmp_path):
 def test_closed_port_fails_within_seconds(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", make_conversations(5))
     t0 = time.monotonic()
-    proc = draftlab("regenerate", src, tmp_path / "w", "--base-url", f"http://127.0.0.1:{free_port()}",
-                    "--model", "x", timeout=30)
+    proc = draftlab(
+        "regenerate", src, tmp_path / "w", "--base-url", f"http://127.0.0.1:{free_port()}", "--model", "x", timeout=30
+    )
     assert time.monotonic() - t0 < 15
     assert_one_line_error(proc, 1, "no server answers", "connection refused")
     status = json.loads((tmp_path / "w" / "status.json").read_text())
@@ -217,9 +254,27 @@ def test_server_killed_mid_run_stops_after_max_outage_and_resumes(tiny_server, t
     outage = 8.0
     env = dict(os.environ, PYTHONPATH=LIB + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with LocalServer(tiny_folder(), log_path=tmp_path / "serve.log", threads=1) as srv:
-        cmd = [sys.executable, "-m", "draftlab.cli", "regenerate", str(src), str(work), "--base-url",
-               srv.base_url, "--model", srv.model, "--max-tokens", "4", "--concurrency", "2",
-               "--truncation", "keep_flag", "--no-progress", "--max-outage", str(outage)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "draftlab.cli",
+            "regenerate",
+            str(src),
+            str(work),
+            "--base-url",
+            srv.base_url,
+            "--model",
+            srv.model,
+            "--max-tokens",
+            "4",
+            "--concurrency",
+            "2",
+            "--truncation",
+            "keep_flag",
+            "--no-progress",
+            "--max-outage",
+            str(outage),
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + 120
         while _finished(work) < 5 and proc.poll() is None and time.monotonic() < deadline:
@@ -246,8 +301,9 @@ def test_server_killed_mid_run_stops_after_max_outage_and_resumes(tiny_server, t
     after = draftlab("monitor", work)
     assert "stopped" in after.stdout and "no server answered" in after.stdout, after.stdout
     # the same command against a live server (same model folder) picks up where it stopped
-    again = subprocess.run([*cmd[:7], tiny_server.base_url, *cmd[8:]], capture_output=True, text=True,
-                           env=env, timeout=600)
+    again = subprocess.run(
+        [*cmd[:7], tiny_server.base_url, *cmd[8:]], capture_output=True, text=True, env=env, timeout=600
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads(again.stdout)
     assert summary["rows_skipped_resume"] == kept

@@ -19,13 +19,23 @@ from draftlab.model.contract import expected_tensors, fc_norms
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target, load_draft
 from draftlab.model.export import export_config, export_draft, validate
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    max_position_embeddings=256,
+)
 # The default draft (seed 0) as the code before the option built it: sha256 of its state dict and
 # its logits on a fixed input (recorded at the branch point, commit 63ab3a5).
 DEFAULT_STATE_SHA = "313277015f0013cf165dc79fdc76502897ffdbc1d2885779576dea8db9480765"
-DEFAULT_LOGITS = (0.07400224753655493, 64.59076229459606,
-                  [-0.036209799349308014, 0.17963023483753204, -0.22101184725761414, -0.002955243457108736])
+DEFAULT_LOGITS = (
+    0.07400224753655493,
+    64.59076229459606,
+    [-0.036209799349308014, 0.17963023483753204, -0.22101184725761414, -0.002955243457108736],
+)
 
 
 def small_draft(fc_norm="none", seed=0, **kw):
@@ -82,31 +92,52 @@ def test_default_none_is_the_draft_from_before_the_option():
 
 
 # ---- where SGLang reads the keys -------------------------------------------------------------
-@pytest.mark.parametrize("config,want", [
-    ({}, ()),
-    ({"fc_norm": True}, ("per_layer",)),
-    ({"use_aux_norm": True}, ("per_layer",)),  # legacy key
-    ({"fc_norm": False, "use_aux_norm": True}, ("per_layer",)),  # `fc_norm or use_aux_norm`
-    ({"eagle_config": {"fc_norm": True}}, ()),  # fc_norm is read at the top level only
-    ({"eagle_config": {"norm_before_fc": True}}, ("concat",)),
-    ({"norm_before_fc": True}, ("concat",)),  # top level when eagle_config lacks it
-    ({"norm_before_fc": True, "eagle_config": {"norm_before_fc": False}}, ()),  # eagle_config first
-    ({"fc_norm": True, "eagle_config": {"norm_before_fc": True}}, ("concat", "per_layer")),  # SGLang's order
-])
+@pytest.mark.parametrize(
+    "config,want",
+    [
+        ({}, ()),
+        ({"fc_norm": True}, ("per_layer",)),
+        ({"use_aux_norm": True}, ("per_layer",)),  # legacy key
+        ({"fc_norm": False, "use_aux_norm": True}, ("per_layer",)),  # `fc_norm or use_aux_norm`
+        ({"eagle_config": {"fc_norm": True}}, ()),  # fc_norm is read at the top level only
+        ({"eagle_config": {"norm_before_fc": True}}, ("concat",)),
+        ({"norm_before_fc": True}, ("concat",)),  # top level when eagle_config lacks it
+        ({"norm_before_fc": True, "eagle_config": {"norm_before_fc": False}}, ()),  # eagle_config first
+        ({"fc_norm": True, "eagle_config": {"norm_before_fc": True}}, ("concat", "per_layer")),  # SGLang's order
+    ],
+)
 def test_fc_norms_reads_the_keys_as_sglang_does(config, want):
     assert fc_norms(config) == want
-    assert fc_norms(LlamaConfig(**{k: v for k, v in config.items() if k != "eagle_config"},
-                                eagle_config=config.get("eagle_config"))) == want
+    assert (
+        fc_norms(
+            LlamaConfig(
+                **{k: v for k, v in config.items() if k != "eagle_config"}, eagle_config=config.get("eagle_config")
+            )
+        )
+        == want
+    )
 
 
 def test_contract_table_gains_the_norms_keyed_on_the_config():
-    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                vocab_size=1000, draft_vocab_size=100)
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=1000,
+        draft_vocab_size=100,
+    )
     plain = expected_tensors(base)
     assert expected_tensors({**base, "fc_norm": True}) == {
-        **plain, "fc_norm.0.weight": (64,), "fc_norm.1.weight": (64,), "fc_norm.2.weight": (64,)}
-    assert expected_tensors({**base, "eagle_config": {"norm_before_fc": True}}) == {**plain,
-                                                                                    "input_norm.weight": (192,)}
+        **plain,
+        "fc_norm.0.weight": (64,),
+        "fc_norm.1.weight": (64,),
+        "fc_norm.2.weight": (64,),
+    }
+    assert expected_tensors({**base, "eagle_config": {"norm_before_fc": True}}) == {
+        **plain,
+        "input_norm.weight": (192,),
+    }
     assert expected_tensors({**base, "fc_norm": True}, target_hidden=32)["fc_norm.0.weight"] == (32,)  # over T
     assert "fc_norm.0.weight" not in expected_tensors({**base, "fc_norm": True}, uses_aux=False)  # no fc, no norm
 
@@ -154,25 +185,33 @@ def test_engine_feeds_the_normed_projection_in_eagle3_and_nothing_in_eagle(tiny_
     draft = scramble_norms(Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval())
     feats = torch.randn(1, 4, 3 * tiny_target.hidden_size)
     with torch.no_grad():
-        for mode, want in (("EAGLE3", draft.project(feats)), ("EAGLE", feats[..., :tiny_target.hidden_size])):
+        for mode, want in (("EAGLE3", draft.project(feats)), ("EAGLE", feats[..., : tiny_target.hidden_size])):
             runner = sd.DraftRunner(draft, tiny_target, sd.SpecConfig(mode=mode), max_len=32)
-            x = feats if mode == "EAGLE3" else feats[..., :tiny_target.hidden_size]
+            x = feats if mode == "EAGLE3" else feats[..., : tiny_target.hidden_size]
             torch.testing.assert_close(runner.hidden_in(x), want)
 
 
 # ---- export and load ---------------------------------------------------------------------------
-@pytest.mark.parametrize("fc_norm,top,eagle,names", [
-    ("per_layer", {"fc_norm": True}, {}, {"fc_norm.0.weight": [64], "fc_norm.1.weight": [64],
-                                          "fc_norm.2.weight": [64]}),
-    ("concat", {}, {"norm_before_fc": True}, {"input_norm.weight": [192]}),
-])
+@pytest.mark.parametrize(
+    "fc_norm,top,eagle,names",
+    [
+        (
+            "per_layer",
+            {"fc_norm": True},
+            {},
+            {"fc_norm.0.weight": [64], "fc_norm.1.weight": [64], "fc_norm.2.weight": [64]},
+        ),
+        ("concat", {}, {"norm_before_fc": True}, {"input_norm.weight": [192]}),
+    ],
+)
 def test_export_writes_sglangs_keys_and_names_and_loads_back(tmp_path, tiny_target, fc_norm, top, eagle, names):
     torch.manual_seed(0)
     cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=256, fc_norm=fc_norm)
     draft = scramble_norms(Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval())
     draft.set_vocab(torch.arange(0, 512, 2))
-    out = export_draft(draft, tmp_path / "d", max_position_embeddings=tiny_target.max_position_embeddings,
-                       dtype="float32")
+    out = export_draft(
+        draft, tmp_path / "d", max_position_embeddings=tiny_target.max_position_embeddings, dtype="float32"
+    )
     config = json.loads((out / "config.json").read_text())
     for key in ("fc_norm", "use_aux_norm", "norm_before_fc"):
         assert config.get(key) == top.get(key)  # top level: fc_norm only
@@ -197,11 +236,16 @@ def test_legacy_names_and_key_load_as_sglang_renames_them(tmp_path, tiny_target)
     torch.manual_seed(0)
     cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=256, fc_norm="per_layer")
     draft = scramble_norms(Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval())
-    out = export_draft(draft, tmp_path / "d", dtype="float32",
-                       max_position_embeddings=tiny_target.max_position_embeddings)
+    out = export_draft(
+        draft, tmp_path / "d", dtype="float32", max_position_embeddings=tiny_target.max_position_embeddings
+    )
     edit_config(out, lambda c: (c.pop("fc_norm"), c.update(use_aux_norm=True)))
-    legacy = dict(zip(("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"),
-                      ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight")))
+    legacy = dict(
+        zip(
+            ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"),
+            ("aux_norm_low.weight", "aux_norm_mid.weight", "aux_norm_high.weight"),
+        )
+    )
     edit_tensors(out, lambda t: [t.__setitem__(legacy[k], t.pop(k)) for k in list(t) if k in legacy])
     back = load_draft(out, tiny_target)
     assert back.fc_norms == ("per_layer",)
@@ -230,25 +274,54 @@ def fc_norm_findings(folder):
     return [(f.severity, f.what, f.fix) for f in diagnose(str(folder), "tiny")["findings"] if f.check == "fc_norm"]
 
 
-@pytest.mark.parametrize("name,config_fn,tensor_fn,what,fix", [
-    ("per_layer_key_only", lambda c: c.update(fc_norm=True), None,
-     "sets fc_norm but model.safetensors lacks fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight",
-     "remove fc_norm"),
-    ("legacy_key_only", lambda c: c.update(use_aux_norm=True), None, "lacks fc_norm.0.weight", "export"),
-    ("concat_key_only", lambda c: c["eagle_config"].update(norm_before_fc=True), None,
-     "sets norm_before_fc but model.safetensors lacks input_norm.weight", "remove norm_before_fc"),
-    ("one_of_three", lambda c: c.update(fc_norm=True), lambda t: t.update({"fc_norm.0.weight": torch.ones(64)}),
-     "lacks fc_norm.1.weight, fc_norm.2.weight", "export"),
-    ("per_layer_tensors_only", None,
-     lambda t: t.update({f"fc_norm.{i}.weight": torch.ones(64) for i in range(3)}),
-     "has fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight but config.json does not set fc_norm",
-     'set "fc_norm": true in config.json'),
-    ("concat_tensor_only", None, lambda t: t.update({"input_norm.weight": torch.ones(192)}),
-     "has input_norm.weight but config.json does not set norm_before_fc", '"norm_before_fc": true'),
-    ("key_nested", lambda c: c["eagle_config"].update(fc_norm=True),
-     lambda t: t.update({f"fc_norm.{i}.weight": torch.ones(64) for i in range(3)}),
-     "eagle_config.fc_norm is not read", 'set "fc_norm": true in config.json'),
-])
+@pytest.mark.parametrize(
+    "name,config_fn,tensor_fn,what,fix",
+    [
+        (
+            "per_layer_key_only",
+            lambda c: c.update(fc_norm=True),
+            None,
+            "sets fc_norm but model.safetensors lacks fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight",
+            "remove fc_norm",
+        ),
+        ("legacy_key_only", lambda c: c.update(use_aux_norm=True), None, "lacks fc_norm.0.weight", "export"),
+        (
+            "concat_key_only",
+            lambda c: c["eagle_config"].update(norm_before_fc=True),
+            None,
+            "sets norm_before_fc but model.safetensors lacks input_norm.weight",
+            "remove norm_before_fc",
+        ),
+        (
+            "one_of_three",
+            lambda c: c.update(fc_norm=True),
+            lambda t: t.update({"fc_norm.0.weight": torch.ones(64)}),
+            "lacks fc_norm.1.weight, fc_norm.2.weight",
+            "export",
+        ),
+        (
+            "per_layer_tensors_only",
+            None,
+            lambda t: t.update({f"fc_norm.{i}.weight": torch.ones(64) for i in range(3)}),
+            "has fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight but config.json does not set fc_norm",
+            'set "fc_norm": true in config.json',
+        ),
+        (
+            "concat_tensor_only",
+            None,
+            lambda t: t.update({"input_norm.weight": torch.ones(192)}),
+            "has input_norm.weight but config.json does not set norm_before_fc",
+            '"norm_before_fc": true',
+        ),
+        (
+            "key_nested",
+            lambda c: c["eagle_config"].update(fc_norm=True),
+            lambda t: t.update({f"fc_norm.{i}.weight": torch.ones(64) for i in range(3)}),
+            "eagle_config.fc_norm is not read",
+            'set "fc_norm": true in config.json',
+        ),
+    ],
+)
 def test_doctor_flags_each_mismatch_in_one_line_with_its_fix(tmp_path, name, config_fn, tensor_fn, what, fix):
     folder = good_draft(tmp_path / name, "tiny", draft_vocab_size=256)
     if config_fn:
@@ -259,15 +332,17 @@ def test_doctor_flags_each_mismatch_in_one_line_with_its_fix(tmp_path, name, con
     assert len(found) == 1, found
     severity, got_what, got_fix = found[0]
     assert severity == "error" and what in got_what and fix in got_fix and "\n" not in got_what
-    others = [f for f in diagnose(str(folder), "tiny")["findings"]
-              if f.severity != "ok" and f.check in ("missing_tensors", "unknown_tensors")]
+    others = [
+        f
+        for f in diagnose(str(folder), "tiny")["findings"]
+        if f.severity != "ok" and f.check in ("missing_tensors", "unknown_tensors")
+    ]
     assert others == []  # reported once, by the fc_norm check
 
 
 def test_doctor_passes_matching_keys_and_tensors_and_checks_their_shapes(tmp_path):
     plain = good_draft(tmp_path / "plain", "tiny", draft_vocab_size=256)
-    assert fc_norm_findings(plain) == [("ok", "no norm before fc (fc_norm, norm_before_fc unset; no such tensors)",
-                                        "")]
+    assert fc_norm_findings(plain) == [("ok", "no norm before fc (fc_norm, norm_before_fc unset; no such tensors)", "")]
     edit_config(plain, lambda c: c.update(fc_norm=True))
     edit_tensors(plain, lambda t: t.update({f"fc_norm.{i}.weight": torch.ones(64) for i in range(3)}))
     assert [s for s, _, _ in fc_norm_findings(plain)] == ["ok"]
@@ -293,7 +368,8 @@ def test_train_settings_refuse_eagle1_norm_and_old_checkpoints_resume(tmp_path):
     from dataclasses import asdict
 
     from draftlab.train_draft import TrainConfig
-    from draftlab.train_draft.loop import TrainingRun, _check_same_recipe
+    from draftlab.train_draft.checkpoint import check_same_recipe
+    from draftlab.train_draft.loop import TrainingRun
     from draftlab.train_draft.stage import train_configs
 
     data = tmp_path / "train.jsonl"
@@ -307,11 +383,11 @@ def test_train_settings_refuse_eagle1_norm_and_old_checkpoints_resume(tmp_path):
     old = asdict(TrainConfig())
     old.pop("fc_norm")  # a checkpoint written before the option
     (ck / "state.json").write_text(json.dumps({"train_config": old}))
-    _check_same_recipe(ck, TrainConfig())
+    check_same_recipe(ck, TrainConfig())
     from draftlab.core.errors import InputError
 
     with pytest.raises(InputError, match="fc_norm"):
-        _check_same_recipe(ck, TrainConfig(fc_norm="per_layer"))
+        check_same_recipe(ck, TrainConfig(fc_norm="per_layer"))
 
 
 def test_trained_per_layer_draft_round_trips_through_export(tmp_path, tiny_target):
@@ -320,13 +396,24 @@ def test_trained_per_layer_draft_round_trips_through_export(tmp_path, tiny_targe
     from test_train import small_config, write_fixture
 
     files = write_fixture(tmp_path / "regen", n_train=8, n_val=2, new_tokens=12)
-    r = train(small_config(files, tmp_path / "eagle3", epochs=1, max_batch=2, stop_after=3, fc_norm="per_layer",
-                           save_every=100, eval_every=100))
+    r = train(
+        small_config(
+            files,
+            tmp_path / "eagle3",
+            epochs=1,
+            max_batch=2,
+            stop_after=3,
+            fc_norm="per_layer",
+            save_every=100,
+            eval_every=100,
+        )
+    )
     draft = r["draft"].eval()
     assert draft.fc_norms == ("per_layer",)
     assert not torch.equal(draft.fc_norm[0].weight.detach().cpu(), torch.ones(64))  # trained
-    out = export_draft(draft, tmp_path / "export", max_position_embeddings=tiny_target.max_position_embeddings,
-                       dtype="float32")
+    out = export_draft(
+        draft, tmp_path / "export", max_position_embeddings=tiny_target.max_position_embeddings, dtype="float32"
+    )
     assert validate(out, tiny_target) == []
     back = load_draft(out, tiny_target)
     aux, ids = torch.randn(1, 6, 192), torch.randint(0, 500, (1, 6))
@@ -341,16 +428,27 @@ def test_sglang_loads_names_as_its_0_5_17_loader_does():
     parameters (the layers under model., lm_head at the top); d2t/t2d by substring."""
     from draftlab.model.contract import sglang_loads_as
 
-    names = {"fc.weight", "midlayer.self_attn.q_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-             "fc_norm.0.weight"}
+    names = {
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "fc_norm.0.weight",
+    }
     assert sglang_loads_as("midlayer.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
     assert sglang_loads_as("layers.0.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
     assert sglang_loads_as("model.midlayer.self_attn.q_proj.weight", names) == "midlayer.self_attn.q_proj.weight"
     assert sglang_loads_as("model.fc.weight", names) == "fc.weight"
     assert sglang_loads_as("aux_norm_low.weight", names) == "fc_norm.0.weight"
     assert sglang_loads_as("draft_model.d2t", names) == "d2t"
-    for skipped in ("model.lm_head.weight", "draft_model.fc.weight", "module.midlayer.mlp.up_proj.weight",
-                    "embed_tokens.weight"):
+    for skipped in (
+        "model.lm_head.weight",
+        "draft_model.fc.weight",
+        "module.midlayer.mlp.up_proj.weight",
+        "embed_tokens.weight",
+    ):
         assert sglang_loads_as(skipped, names) is None, skipped
 
 
@@ -360,8 +458,11 @@ def test_the_doctor_passes_names_sglang_loads_and_flags_those_it_skips(tmp_path)
     def findings(name, prefix, starts):
         folder = good_draft(tmp_path / name, "tiny", draft_vocab_size=256)
         edit_tensors(folder, lambda t: [t.__setitem__(prefix + k, t.pop(k)) for k in list(t) if k.startswith(starts)])
-        return [f for f in diagnose(str(folder), "tiny")["findings"]
-                if f.check in ("unknown_tensors", "missing_tensors") and f.severity != "ok"]
+        return [
+            f
+            for f in diagnose(str(folder), "tiny")["findings"]
+            if f.check in ("unknown_tensors", "missing_tensors") and f.severity != "ok"
+        ]
 
     ok = findings("model", "model.", ("midlayer.", "fc.", "norm."))
     assert [f.severity for f in ok] == ["info"] and "load under another spelling" in ok[0].what
@@ -376,12 +477,13 @@ def test_load_draft_takes_every_spelling_sglang_loads_and_refuses_those_it_skips
     torch.manual_seed(0)
     cfg = draft_config_for_target(tiny_target.config, draft_vocab_size=256, fc_norm="per_layer")
     draft = scramble_norms(Eagle3Draft(cfg, tiny_target.model.get_input_embeddings()).eval())
-    out = export_draft(draft, tmp_path / "d", dtype="float32",
-                       max_position_embeddings=tiny_target.max_position_embeddings)
+    out = export_draft(
+        draft, tmp_path / "d", dtype="float32", max_position_embeddings=tiny_target.max_position_embeddings
+    )
 
     def spelled(name):
         if name.startswith("midlayer."):
-            return "layers.0." + name[len("midlayer."):]
+            return "layers.0." + name[len("midlayer.") :]
         return "model." + name if name.startswith(("fc.", "norm.", "fc_norm.")) else name
 
     edit_tensors(out, lambda t: [t.__setitem__(spelled(k), t.pop(k)) for k in list(t) if spelled(k) != k])
@@ -394,8 +496,9 @@ def test_load_draft_takes_every_spelling_sglang_loads_and_refuses_those_it_skips
         load_draft(out, tiny_target)
 
 
-@pytest.mark.parametrize("spelling", ["model.fc_norm.{i}.weight", "model.aux_norm_{level}.weight",
-                                      "aux_norm_{level}.weight"])
+@pytest.mark.parametrize(
+    "spelling", ["model.fc_norm.{i}.weight", "model.aux_norm_{level}.weight", "aux_norm_{level}.weight"]
+)
 def test_doctor_judges_every_norm_spelling_sglang_loads(tmp_path, spelling):
     levels = ("low", "mid", "high")
     names = [spelling.format(i=i, level=levels[i]) for i in range(3)]

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # A stand-in for `draftlab run`: FAKE_PLAN {"NN": mode}; done | partial (07 not complete) | empty (no
 # metrics) | fail | sleep (starts a child in a session of its own, as a Jupyter kernel is, then sleeps)
-FAKE_STAGE = r'''
+FAKE_STAGE = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
 args = sys.argv[1:]
@@ -44,7 +44,7 @@ if mode in ("done", "partial"):
     metrics = json.loads(path.read_text()) if path.is_file() else {}
     metrics[f"{nb}_stage"] = {"complete": mode == "done"}
     path.write_text(json.dumps(metrics))
-'''
+"""
 
 
 def alive(pid: int) -> bool:
@@ -63,9 +63,19 @@ def fake(tmp_path, monkeypatch):
     def make(budget_s=60, stages="00 01 03 06 07", plan=None, **kw):
         monkeypatch.setenv("FAKE_PLAN", json.dumps(plan or {}))
         now = int(time.time())
-        return Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-                    t0=now, deadline=now + budget_s, stages=stages.split(), stage_command=[sys.executable, str(script)],
-                    repo=ROOT, **kw)
+        return Call(
+            out=tmp_path / "out",
+            dl=tmp_path / "dl",
+            site=tmp_path / "site",
+            scratch=tmp_path / "scratch",
+            t0=now,
+            deadline=now + budget_s,
+            stages=stages.split(),
+            stage_command=[sys.executable, str(script)],
+            repo=ROOT,
+            **kw,
+        )
+
     return make
 
 
@@ -126,8 +136,15 @@ def test_overrides_the_gpu_machine_adds_then_the_callers(fake, monkeypatch):
 
 
 def test_call_from_env_deadline_and_knobs():
-    env = {"OUT": "/o", "DL": "/d", "BUDGET_S": "100", "GPU_CALL_T0": "1000", "STAGES": "03 07", "P03": "-p A 1",
-           "PROFILE": "quick"}
+    env = {
+        "OUT": "/o",
+        "DL": "/d",
+        "BUDGET_S": "100",
+        "GPU_CALL_T0": "1000",
+        "STAGES": "03 07",
+        "P03": "-p A 1",
+        "PROFILE": "quick",
+    }
     call = Call.from_env(env)
     assert (call.t0, call.deadline, call.stages, call.profile) == (1000, 1100, ["03", "07"], "quick")
     assert call.run == Path("/d/results/reference") and call.overrides == {"03": ["-p", "A", "1"]}
@@ -138,12 +155,26 @@ def test_call_from_env_deadline_and_knobs():
 
 
 def make_run(run: Path) -> None:
-    for rel in ("data/blend/train.jsonl", "data/regen/train.jsonl", "data/regen/work/shard-0.work",
-                "train/eagle3/ckpt-10/model.safetensors", "train/eagle3/.ckpt-tmp/x", "train/eagle3/tb/events",
-                "train/eagle3/train.csv", "train/hidden/h.safetensors", "train/tokens/t.bin",
-                "drafts/eagle3/config.json",
-                "scaling/eagle3-16/x", "scaling/train_shuffled.jsonl", "scaling/results.jsonl", ".restored",
-                "figures/a.png", "executed/00_environment_check.ipynb", "bench/generate_sweep.json", "run_notes.md"):
+    for rel in (
+        "data/blend/train.jsonl",
+        "data/regen/train.jsonl",
+        "data/regen/work/shard-0.work",
+        "train/eagle3/ckpt-10/model.safetensors",
+        "train/eagle3/.ckpt-tmp/x",
+        "train/eagle3/tb/events",
+        "train/eagle3/train.csv",
+        "train/hidden/h.safetensors",
+        "train/tokens/t.bin",
+        "drafts/eagle3/config.json",
+        "scaling/eagle3-16/x",
+        "scaling/train_shuffled.jsonl",
+        "scaling/results.jsonl",
+        ".restored",
+        "figures/a.png",
+        "executed/00_environment_check.ipynb",
+        "bench/generate_sweep.json",
+        "run_notes.md",
+    ):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text("x\n")
     (run / "drafts/eagle3/model.safetensors").write_bytes(b"w" * 1000)
@@ -162,10 +193,24 @@ def test_save_state_leaves_out_weights_checkpoints_and_caches(fake):
     assert gpu_pack.save_state(call) == 0
     assert sorted(p.name for p in call.out.iterdir()) == ["state-run.tar.xz"]
     got = names(call.out / "state-run.tar.xz")
-    assert {"reference/data/blend/train.jsonl", "reference/train/eagle3/train.csv", "reference/scaling/results.jsonl",
-            "reference/data/regen/work/shard-0.work", "reference/figures/a.png"} <= got
-    for gone in ("safetensors", "ckpt-", "/tb", "/hidden", "/tokens", "drafts", "scaling/eagle3", "train_shuffled",
-                 ".restored"):
+    assert {
+        "reference/data/blend/train.jsonl",
+        "reference/train/eagle3/train.csv",
+        "reference/scaling/results.jsonl",
+        "reference/data/regen/work/shard-0.work",
+        "reference/figures/a.png",
+    } <= got
+    for gone in (
+        "safetensors",
+        "ckpt-",
+        "/tb",
+        "/hidden",
+        "/tokens",
+        "drafts",
+        "scaling/eagle3",
+        "train_shuffled",
+        ".restored",
+    ):
         assert not [n for n in got if gone in n], gone
     (call.run / "metrics.json").write_text(json.dumps({"03_regenerate": {}}))  # 03 done: its work shards go
     gpu_pack.save_state(call)
@@ -180,8 +225,15 @@ def test_large_state_comes_back_in_parts_and_restores(fake, monkeypatch, tmp_pat
     gpu_pack.save_state(call)
     parts = sorted(p.name for p in call.out.iterdir())
     assert parts == [f"state-run.tar.xz.part-{i}" for i in range(len(parts))] and len(parts) >= 3
-    cold = Call(out=tmp_path / "o2", dl=tmp_path / "dl2", site=call.site, scratch=call.scratch, t0=call.t0,
-                deadline=call.deadline, repo=tmp_path / "repo")
+    cold = Call(
+        out=tmp_path / "o2",
+        dl=tmp_path / "dl2",
+        site=call.site,
+        scratch=call.scratch,
+        t0=call.t0,
+        deadline=call.deadline,
+        repo=tmp_path / "repo",
+    )
     (cold.repo / ".device/state").mkdir(parents=True)
     for p in call.out.iterdir():
         (cold.repo / ".device/state" / p.name).write_bytes(p.read_bytes())
@@ -191,11 +243,32 @@ def test_large_state_comes_back_in_parts_and_restores(fake, monkeypatch, tmp_pat
 
 def finished_run(run: Path) -> None:
     make_run(run)
-    row = {"arch": "eagle3", "S": 6, "K": 1, "D": 7, "mode": "EAGLE3", "eval_set": "blend", "samples": 4,
-           "acceptance_length": 2.5, "speedup": 1.4, "lossless": "4/4", "dtype": "float32"}
-    (run / "metrics.json").write_text(json.dumps({
-        "03_regenerate": {"splits": {"train": {"tok_s": 1000.0}}},
-        "06_benchmark_acceptance": {"eval_sets": {"blend": 4}, "by_set": [row], "by_chain": [], "wrong_mode": []}}))
+    row = {
+        "arch": "eagle3",
+        "S": 6,
+        "K": 1,
+        "D": 7,
+        "mode": "EAGLE3",
+        "eval_set": "blend",
+        "samples": 4,
+        "acceptance_length": 2.5,
+        "speedup": 1.4,
+        "lossless": "4/4",
+        "dtype": "float32",
+    }
+    (run / "metrics.json").write_text(
+        json.dumps(
+            {
+                "03_regenerate": {"splits": {"train": {"tok_s": 1000.0}}},
+                "06_benchmark_acceptance": {
+                    "eval_sets": {"blend": 4},
+                    "by_set": [row],
+                    "by_chain": [],
+                    "wrong_mode": [],
+                },
+            }
+        )
+    )
     (run / "params.yaml").write_text("run_id: reference\n")
 
 
@@ -205,9 +278,16 @@ def test_pack_reference_holds_the_results_and_no_data_or_weights(fake):
     call.out.mkdir(parents=True)
     assert gpu_pack.pack_reference(call) == 0
     got = names(call.out / "reference.tar.gz")
-    assert {"reference/params.yaml", "reference/metrics.json", "reference/summary.json", "reference/README.md",
-            "reference/figures/a.png", "reference/executed/00_environment_check.ipynb",
-            "reference/bench/generate_sweep.json", "reference/run_notes.md"} <= got
+    assert {
+        "reference/params.yaml",
+        "reference/metrics.json",
+        "reference/summary.json",
+        "reference/README.md",
+        "reference/figures/a.png",
+        "reference/executed/00_environment_check.ipynb",
+        "reference/bench/generate_sweep.json",
+        "reference/run_notes.md",
+    } <= got
     assert not [n for n in got if n.split("/")[1:2] in (["data"], ["train"], ["drafts"], ["scaling"])]
     assert json.loads((call.out / "summary.json").read_text())["regeneration_tok_s"] == 1000.0
     (call.run / "README.md").unlink()
@@ -229,12 +309,15 @@ def test_save_draft_in_parts(fake, monkeypatch):
     assert names(whole) >= {"eagle3/model.safetensors", "eagle3/config.json"}
 
 
-@pytest.mark.parametrize("plan, setup_ok, code, files", [
-    ({}, True, 0, {"reference.tar.gz", "summary.json"}),
-    ({"06": "sleep"}, True, 3, {"state-run.tar.xz"}),
-    ({"01": "fail"}, True, 1, {"state-run.tar.xz"}),
-    ({}, False, 1, set()),
-])
+@pytest.mark.parametrize(
+    "plan, setup_ok, code, files",
+    [
+        ({}, True, 0, {"reference.tar.gz", "summary.json"}),
+        ({"06": "sleep"}, True, 3, {"state-run.tar.xz"}),
+        ({"01": "fail"}, True, 1, {"state-run.tar.xz"}),
+        ({}, False, 1, set()),
+    ],
+)
 def test_step_exit_codes_and_what_comes_back(fake, plan, setup_ok, code, files):
     call = fake(budget_s=4, stages="00 01 06", plan=plan)
     finished_run(call.run) if setup_ok else None
@@ -247,33 +330,62 @@ def test_step_exit_codes_and_what_comes_back(fake, plan, setup_ok, code, files):
 def bash(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
     fake_stage = tmp_path / "fake_stage.py"
     fake_stage.write_text(FAKE_STAGE)
-    full = {**os.environ, "OUT": str(tmp_path / "out"), "DL": str(tmp_path / "dl"), "SITE": str(tmp_path / "site"),
-            "SCRATCH": str(tmp_path / "scratch"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "STAGE_COMMAND": f"{sys.executable} {fake_stage}", **env}
+    full = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "DL": str(tmp_path / "dl"),
+        "SITE": str(tmp_path / "site"),
+        "SCRATCH": str(tmp_path / "scratch"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "STAGE_COMMAND": f"{sys.executable} {fake_stage}",
+        **env,
+    }
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120)
 
 
-LEAD_FUNCTIONS = ("say left ensure_all ensure_wheels ensure_target run_pending run_stage stage_done save_state "
-                  "save_draft pack_reference report gpu_step")
+LEAD_FUNCTIONS = (
+    "say left ensure_all ensure_wheels ensure_target run_pending run_stage stage_done save_state "
+    "save_draft pack_reference report gpu_step"
+)
 
 
 def test_common_sh_functions_as_the_lead_scripts_call_them(tmp_path):
     """sglang.sh's `STAGES=(03); P03="..." run_pending`, run_stage's 124 at the deadline, the variables."""
-    out = bash(f'source scripts/gpu/common.sh; for f in {LEAD_FUNCTIONS}; do [ "$(type -t $f)" = function ] '
-               '|| echo "missing $f"; done; echo "vars $RUN $RESULTS $DL"; '
-               'STAGES=(03); P03="-p BACKEND server -p BASE_URLS [\\"http://h:1\\"]" run_pending; echo "pending=$?"; '
-               'stage_done 03 && echo done03; report', tmp_path)
+    out = bash(
+        f'source scripts/gpu/common.sh; for f in {LEAD_FUNCTIONS}; do [ "$(type -t $f)" = function ] '
+        '|| echo "missing $f"; done; echo "vars $RUN $RESULTS $DL"; '
+        'STAGES=(03); P03="-p BACKEND server -p BASE_URLS [\\"http://h:1\\"]" run_pending; echo "pending=$?"; '
+        "stage_done 03 && echo done03; report",
+        tmp_path,
+    )
     log = out.stdout + out.stderr
     assert "missing" not in log and "pending=0" in log and "done03" in log and "stages done: 03" in log, log
     run = tmp_path / "dl/results/reference"
     assert f"vars {run} {run.parent} {tmp_path}/dl" in log
     assert (tmp_path / "out/log").read_text().count("stage 03: exit 0") == 1
-    out = bash('source scripts/gpu/common.sh; FAKE_PLAN=\'{"06": "sleep"}\' run_stage 06 -p SAMPLES 8; '
-               'echo "stage=$?"; STAGES=(06); run_pending; echo "again=$? skipped=[$SKIPPED]"', tmp_path, BUDGET_S="4")
+    out = bash(
+        'source scripts/gpu/common.sh; FAKE_PLAN=\'{"06": "sleep"}\' run_stage 06 -p SAMPLES 8; '
+        'echo "stage=$?"; STAGES=(06); run_pending; echo "again=$? skipped=[$SKIPPED]"',
+        tmp_path,
+        BUDGET_S="4",
+    )
     log = out.stdout + out.stderr
     argv = [json.loads(line) for line in (run / "argv.jsonl").read_text().splitlines()]
-    assert argv[0] == ["--profile", "full", "--run-id", "reference", "--results", str(run.parent), "03", "-p",
-                       "BACKEND", "server", "-p", "BASE_URLS", '["http://h:1"]']
+    assert argv[0] == [
+        "--profile",
+        "full",
+        "--run-id",
+        "reference",
+        "--results",
+        str(run.parent),
+        "03",
+        "-p",
+        "BACKEND",
+        "server",
+        "-p",
+        "BASE_URLS",
+        '["http://h:1"]',
+    ]
     assert argv[1][-3:] == ["-p", "SAMPLES", "8"] and "stage=124" in log and "deadline: stopping pid" in log, log
     assert "less than 60 s left: stopping before 06" in log and "again=2 skipped=[]" in log, log
 
@@ -291,21 +403,30 @@ def test_step_sh_runs_to_done_and_packs(tmp_path):
     log = out.stdout + out.stderr
     assert "rc=0" in log and "DONE: " in log and "embedded target ready" in log, log
     assert {"reference.tar.gz", "summary.json", "log", "draft-eagle3.tar.part-0"} == {
-        p.name for p in (tmp_path / "out").iterdir()}
+        p.name for p in (tmp_path / "out").iterdir()
+    }
     assert (tmp_path / "out/log").read_text().count("DONE: ") == 1
 
 
 def test_the_gguf_joined_from_its_carried_parts_is_checked(tmp_path, capsys):
     """ensure_gguf through join_parts: parts that are not the embedded GGUF leave no model.gguf."""
     now = int(time.time())
-    call = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-                t0=now, deadline=now + 60, repo=tmp_path / "repo")
+    call = Call(
+        out=tmp_path / "out",
+        dl=tmp_path / "dl",
+        site=tmp_path / "site",
+        scratch=tmp_path / "scratch",
+        t0=now,
+        deadline=now + 60,
+        repo=tmp_path / "repo",
+    )
     for folder, name in ((call.scratch, "part-aa"), (call.repo / ".device/b", "part-ab")):
         folder.mkdir(parents=True)
         (folder / name).write_bytes(name.encode())
     call.dl.mkdir()
     assert gpu_call.join_parts([call.scratch / "part-aa", call.repo / ".device/b/part-ab"], tmp_path / "j") == (
-        hashlib.sha256(b"part-aapart-ab").hexdigest())
+        hashlib.sha256(b"part-aapart-ab").hexdigest()
+    )
     assert not gpu_call.ensure_gguf(call)
     assert "model.gguf: FAILED (sha256)" in capsys.readouterr().out and not (call.dl / "model.gguf").exists()
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # answers `-m draftlab.cli bench specdec` (an empty JSON list, after FAKE_SLEEP s) and the set-up trace
 # (its profile table, a set-up line, both logged with when they started and ended)
-FAKE_PYTHON = r'''
+FAKE_PYTHON = r"""
 if argv[:4] == ["-m", "draftlab.cli", "bench", "specdec"]:
     log(argv[4:])
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
@@ -39,7 +39,7 @@ if argv[:1] and argv[0].endswith("trace_train_setup.py"):
     print(f"{argv[2]}: set-up 1.0 s to the first step\nstep 1", flush=True)
     log({"argv": argv, "t0": t0, "t1": time.time()})
     sys.exit(0)
-'''
+"""
 
 
 @pytest.fixture
@@ -48,8 +48,16 @@ def call(tmp_path, monkeypatch):
     now = int(time.time())
     repo = tmp_path / "repo"  # what the calls carried (.device/...), as the device's checkout holds it
     (repo / ".device").mkdir(parents=True)
-    return Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-                t0=now, deadline=now + 600, repo=repo, python=fake)
+    return Call(
+        out=tmp_path / "out",
+        dl=tmp_path / "dl",
+        site=tmp_path / "site",
+        scratch=tmp_path / "scratch",
+        t0=now,
+        deadline=now + 600,
+        repo=repo,
+        python=fake,
+    )
 
 
 def carried_draft(repo: Path) -> None:
@@ -163,8 +171,10 @@ def test_trace_setup_stops_each_arch_at_its_limit(call, capsys):
     assert time.time() - t0 < 15 and "eagle3: exit 124" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(any((ROOT / ".device").glob("draft-*")) or (ROOT / ".device/prompts").is_dir(),
-                    reason="this checkout holds carried draft parts: the call would stash and bench them")
+@pytest.mark.skipif(
+    any((ROOT / ".device").glob("draft-*")) or (ROOT / ".device/prompts").is_dir(),
+    reason="this checkout holds carried draft parts: the call would stash and bench them",
+)
 def test_bench_draft_sh_without_parts_asks_for_another_call(tmp_path):
     (tmp_path / "dl").mkdir()
     (tmp_path / "dl/model.gguf").symlink_to(embedded_gguf())

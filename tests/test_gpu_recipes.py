@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # answers `-m draftlab.cli recipes speed` (the speed check: a speed.json with one rate) and the tokeniser
 # profile, logging argv
-FAKE_PYTHON = r'''
+FAKE_PYTHON = r"""
 if argv[:4] == ["-m", "draftlab.cli", "recipes", "measure"]:
     log({"argv": argv[4:]})
     sys.exit(0)
@@ -45,7 +45,7 @@ if argv[:1] and argv[0].endswith("tokenize_profile.py"):
     log({"argv": argv})
     print("tokenising: 10 conv/s]\nrows 300 in 1.0 s\n" + "".join(f"line {i}\n" for i in range(50)), end="")
     sys.exit(0)
-'''
+"""
 
 
 @pytest.fixture
@@ -55,8 +55,16 @@ def call(tmp_path, monkeypatch):
     # the repo's tracked answers (2026-12-02) would skip the regeneration these tests drive; one test uses them
     monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", str(tmp_path / "no-tracked-answers.jsonl.xz"))
     now = int(time.time())
-    c = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-             t0=now, deadline=now + 600, repo=ROOT, python=fake)
+    c = Call(
+        out=tmp_path / "out",
+        dl=tmp_path / "dl",
+        site=tmp_path / "site",
+        scratch=tmp_path / "scratch",
+        t0=now,
+        deadline=now + 600,
+        repo=ROOT,
+        python=fake,
+    )
     c.out.mkdir(parents=True)
     return c
 
@@ -110,7 +118,8 @@ def test_stage_data_unpacks_the_tracked_splits_and_the_published_draft_once(call
 
 
 def test_the_tracked_answers_give_the_data_volume_rows_their_train_files_without_regenerating(
-        call, tmp_path, monkeypatch):
+    call, tmp_path, monkeypatch
+):
     monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", "results/recipes-2026-12-01/data/extra-regen.jsonl.xz")
     staged_small(call, tmp_path)
     monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
@@ -155,8 +164,13 @@ def test_speed_phase_profiles_checks_the_speed_once_and_packs(call, tmp_path, ca
     shown = capsys.readouterr().out
     assert "line 38\n" in shown and "line 39\n" not in shown  # the first 40 lines of the first profile in the log
     argv = speed["argv"]
-    for flag, value in (("--variants", "eager,keep_head"), ("--steps", "40"), ("--samples", "1500"),
-                        ("--out", str(study)), ("--target", "embedded")):
+    for flag, value in (
+        ("--variants", "eager,keep_head"),
+        ("--steps", "40"),
+        ("--samples", "1500"),
+        ("--out", str(study)),
+        ("--target", "embedded"),
+    ):
         assert argv[argv.index(flag) + 1] == value
     assert argv[-3:] == ["--set", "device", "cuda"] and "speed check: exit 0" in shown
     assert json.loads((call.out / "speed.json").read_text())["eager"]["tok_s_after_warmup"] == 5.0
@@ -176,8 +190,16 @@ def test_speed_variants_none_skips_the_speed_check(call, tmp_path, capsys):
 def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys):
     """The tiny target on CPU: exit 3 when the deadline cuts the row, 0 when the next call finishes it."""
     staged_small(call, tmp_path)
-    k = knobs(call, tmp_path, ROWS="hardce", PARALLEL=1, SPEED_VARIANTS="eager", RECIPES_TARGET="tiny",
-              TRAIN_SET=" ".join(f"--set {key} {value}" for key, value in SMOKE.items()), SEND_DRAFTS="hardce")
+    k = knobs(
+        call,
+        tmp_path,
+        ROWS="hardce",
+        PARALLEL=1,
+        SPEED_VARIANTS="eager",
+        RECIPES_TARGET="tiny",
+        TRAIN_SET=" ".join(f"--set {key} {value}" for key, value in SMOKE.items()),
+        SEND_DRAFTS="hardce",
+    )
     call.deadline = int(time.time()) + 18  # `recipes train` stops its rows 15 s before: 2-3 s, too short for one
     assert gpu_recipes.run_phase(call, "train", k) == AGAIN
     study = gpu_recipes.study_dir(call)
@@ -193,12 +215,17 @@ def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys)
     names = packed(call)
     parts = sorted(call.out.glob("draft-hardce.tar.part-*"))  # the trained draft, sent back whole (SEND_DRAFTS)
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
-        assert tar.extractfile("hardce/draft/model.safetensors").read() == \
-            (study / "hardce/draft/model.safetensors").read_bytes()
+        assert (
+            tar.extractfile("hardce/draft/model.safetensors").read()
+            == (study / "hardce/draft/model.safetensors").read_bytes()
+        )
     assert "recipes/hardce/train.log" in names and "recipes/train_status.json" in names
     assert "recipes/hardce/draft/config.json" in names and "recipes/base/train/summary.json" in names
-    assert not [n for n in names if n.endswith(".safetensors") or "ckpt-" in n or "/data" in n
-                or Path(n).name in ("tokens", "tb")], names
+    assert not [
+        n
+        for n in names
+        if n.endswith(".safetensors") or "ckpt-" in n or "/data" in n or Path(n).name in ("tokens", "tb")
+    ], names
 
 
 def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
@@ -212,21 +239,35 @@ def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
 def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path, monkeypatch):
     staged_small(call, tmp_path)
     monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)  # tested in test_gpu_sglang
-    k = knobs(call, tmp_path, ROWS="fcnorm,eagle1", CHAIN="1,2,3", SAMPLES=8, HUMANEVAL=4, SEND_DRAFTS="fcnorm",
-              CONCURRENCY="1,16")
+    k = knobs(
+        call,
+        tmp_path,
+        ROWS="fcnorm,eagle1",
+        CHAIN="1,2,3",
+        SAMPLES=8,
+        HUMANEVAL=4,
+        SEND_DRAFTS="fcnorm",
+        CONCURRENCY="1,16",
+    )
     assert gpu_recipes.run_phase(call, "measure", k) == DONE
     (run,) = logged(tmp_path)
     argv = run["argv"]
-    for flag, value in (("--rows", "base,fcnorm,eagle1"), ("--chain", "1,2,3"), ("--samples", "8"),
-                        ("--concurrency", "1,16"),
-                        ("--humaneval", "4"), ("--out", str(gpu_recipes.study_dir(call))),
-                        ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl"))):
+    for flag, value in (
+        ("--rows", "base,fcnorm,eagle1"),
+        ("--chain", "1,2,3"),
+        ("--samples", "8"),
+        ("--concurrency", "1,16"),
+        ("--humaneval", "4"),
+        ("--out", str(gpu_recipes.study_dir(call))),
+        ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl")),
+    ):
         assert argv[argv.index(flag) + 1] == value
     assert (call.out / "recipes.tar.gz").is_file() and not list(call.out.glob("draft-*"))  # fcnorm: not trained
 
 
 def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the_rows_train_files(
-        call, tmp_path, monkeypatch, capsys):
+    call, tmp_path, monkeypatch, capsys
+):
     staged_small(call, tmp_path)
     monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)  # tested in test_gpu_sglang
     k = knobs(call, tmp_path, ROWS="data2x,fcnorm", REGEN_SERVERS=3, REGEN_CONCURRENCY=256)
@@ -252,9 +293,16 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
     assert (data / "extra-work/shards/part-00000.jsonl").is_file()
     assert "resuming the regeneration" in capsys.readouterr().out
     argv = logged(tmp_path)[-1]["argv"]
-    for flag, value in (("--limit", "21612"), ("--sglang-servers", "3"), ("--concurrency", "256"),
-                        ("--max-tokens", "256"), ("--temperature", "0"), ("--truncation", "keep_flag"),
-                        ("--output", str(data / "extra-regen.jsonl")), ("--serve", str(call.model_dir))):
+    for flag, value in (
+        ("--limit", "21612"),
+        ("--sglang-servers", "3"),
+        ("--concurrency", "256"),
+        ("--max-tokens", "256"),
+        ("--temperature", "0"),
+        ("--truncation", "keep_flag"),
+        ("--output", str(data / "extra-regen.jsonl")),
+        ("--serve", str(call.model_dir)),
+    ):
         assert argv[argv.index(flag) + 1] == value
     assert argv[0] == str(ROOT / gpu_recipes.EXTRA_PROMPTS) and argv[1] == str(data / "extra-work")
     with lzma.open(call.out / "extra-regen.jsonl.xz") as f:

@@ -41,8 +41,15 @@ def fake_sglang_python(tmp_path: Path, body: str | None = None) -> str:
 def call(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
     now = int(time.time())
-    c = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-             t0=now, deadline=now + 300, repo=ROOT)
+    c = Call(
+        out=tmp_path / "out",
+        dl=tmp_path / "dl",
+        site=tmp_path / "site",
+        scratch=tmp_path / "scratch",
+        t0=now,
+        deadline=now + 300,
+        repo=ROOT,
+    )
     for folder in (c.out, c.sglang_prefix):
         folder.mkdir(parents=True)
     (c.sglang_prefix / DONE_MARKER).write_text("{}")  # an installed bundle, as far as server_env checks
@@ -68,7 +75,8 @@ def test_one_builder_keeps_each_paths_server(call, monkeypatch):
     assert server.command == (
         f"python -m sglang.launch_server --model-path {call.model_dir} --host 127.0.0.1 --port 30000 --tp 1 "
         "--dtype bfloat16 --mem-fraction-static 0.5 --max-running-requests 1024 --attention-backend triton "
-        "--sampling-backend pytorch --grammar-backend none --cuda-graph-max-bs 512")
+        "--sampling-backend pytorch --grammar-backend none --cuda-graph-max-bs 512"
+    )
     monkeypatch.setenv("REGEN_MAX_RUNNING", "512")
     assert "--max-running-requests 512 " in gpu_regen.target_server(call, call.dl / "s.log").command
 
@@ -82,14 +90,24 @@ def gone(pid: int) -> bool:
 
 def test_regen_servers_keeps_its_servers_up_across_every_client_run(call, rows_xz, tmp_path):
     port = free_port()
-    assert gpu_regen.regen_servers(call, k=2, n=4, concurrency=4, rows_xz=rows_xz, port=port,
-                                   python=fake_sglang_python(tmp_path)) == 0
+    assert (
+        gpu_regen.regen_servers(
+            call, k=2, n=4, concurrency=4, rows_xz=rows_xz, port=port, python=fake_sglang_python(tmp_path)
+        )
+        == 0
+    )
     res = json.loads((call.out / "regen_servers.json").read_text())
     assert {k: res[k] for k in ("concurrency_per_server", "mem_fraction_static", "max_running_requests")} == {
-        "concurrency_per_server": 4, "mem_fraction_static": 0.5, "max_running_requests": 512}
+        "concurrency_per_server": 4,
+        "mem_fraction_static": 0.5,
+        "max_running_requests": 512,
+    }
     runs = res["runs"]
     assert {n: (r["servers"], r["summary"]["rows_done"]) for n, r in runs.items()} == {
-        "n4_k1": (1, 4), "n4_k2": (2, 4), "train_k2": (2, 8)}
+        "n4_k1": (1, 4),
+        "n4_k2": (2, 4),
+        "train_k2": (2, 8),
+    }
     assert all(r["wall_s"] > 0 and r["summary"]["rows_error"] == 0 for r in runs.values())
     logs = sorted((call.dl / "servers").glob("sglang-*.log"))
     assert [log.read_text().count("# ") for log in logs] == [1, 1]  # each launched once, for all three runs

@@ -26,16 +26,16 @@ from test_gpu_call import FAKE_STAGE, bash
 ROOT = Path(__file__).resolve().parents[1]
 
 # an interpreter stand-in: what its body answers is logged to FAKE_LOG, everything else runs for real
-STAND_IN_HEAD = r'''
+STAND_IN_HEAD = r"""
 import json, os, sys, time
 from pathlib import Path
 argv = sys.argv[1:]
 def log(what):
     with open(os.environ["FAKE_LOG"], "a") as f:
         f.write(json.dumps(what) + "\n")
-'''
+"""
 # FAKE_PLAN {"specdec"|"sglang": "sleep"}
-FAKE_PYTHON = r'''
+FAKE_PYTHON = r"""
 if argv[:2] == ["-m", "draftlab.cli"] and argv[2:3] == ["bench"] and argv[3] in ("specdec", "sglang") and (
         argv[3] == "specdec" or "--summary-only" not in argv):
     log(argv[3:])
@@ -58,7 +58,7 @@ if argv[:2] == ["-m", "draftlab.sglang.install"]:
 if argv[:1] == ["-c"] and "import sglang" in argv[1]:
     print("0.5.17")
     sys.exit(0)
-'''
+"""
 
 
 def stand_in_python(tmp_path, monkeypatch, body: str) -> str:
@@ -74,8 +74,16 @@ def stand_in_python(tmp_path, monkeypatch, body: str) -> str:
 def call(tmp_path, monkeypatch):
     fake = stand_in_python(tmp_path, monkeypatch, FAKE_PYTHON)
     now = int(time.time())
-    c = Call(out=tmp_path / "out", dl=tmp_path / "dl", site=tmp_path / "site", scratch=tmp_path / "scratch",
-             t0=now, deadline=now + 600, repo=ROOT, python=fake)
+    c = Call(
+        out=tmp_path / "out",
+        dl=tmp_path / "dl",
+        site=tmp_path / "site",
+        scratch=tmp_path / "scratch",
+        t0=now,
+        deadline=now + 600,
+        repo=ROOT,
+        python=fake,
+    )
     for folder in (c.out, c.sglang_prefix, c.run / "sglang"):
         folder.mkdir(parents=True)
     (c.sglang_prefix / DONE_MARKER).write_text("{}")
@@ -89,8 +97,13 @@ def logged(tmp_path) -> list[list[str]]:
 
 def trained_run(run: Path) -> None:
     """A run whose 04 is done: metrics, the exported draft, the regenerated and held-out splits."""
-    for rel in ("drafts/eagle3/config.json", "data/regen/train.jsonl", "data/regen/val.jsonl",
-                "data/blend/test.jsonl", "train/eagle3/ckpt-5/x.pt"):
+    for rel in (
+        "drafts/eagle3/config.json",
+        "data/regen/train.jsonl",
+        "data/regen/val.jsonl",
+        "data/blend/test.jsonl",
+        "train/eagle3/ckpt-5/x.pt",
+    ):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text('{"id": "a"}\n')
     (run / "drafts/eagle3/model.safetensors").write_bytes(b"w" * 100)
@@ -123,14 +136,15 @@ def test_after_measures_once_sends_back_once_and_is_done(call, tmp_path, capsys)
     assert (call.run / "sglang/version.txt").read_text() == "0.5.17\n"
     assert (call.run / "sglang/summary.json").is_file()  # the real `bench sglang --summary-only`
     assert {"draft-eagle3.tar.part-0", "regen-train.jsonl.xz", "regen-val.jsonl.xz", "sglang-results.tar.gz"} <= {
-        p.name for p in call.out.iterdir()}
+        p.name for p in call.out.iterdir()
+    }
     with tarfile.open(call.out / "sglang-results.tar.gz") as tar:
         names = tar.getnames()
     assert "reference/sglang/oracle_chain.json" in names and "reference/metrics.json" in names
     assert not [n for n in names if "/data" in n or "/drafts" in n or "ckpt-" in n or n.endswith(".pt")], names
     (call.out / "regen-train.jsonl.xz").unlink()
     assert gpu_sglang.after(call, knobs) == DONE  # a second call: nothing measured or sent again
-    assert [r[0] for r in logged(tmp_path)[len(runs):]] == ["install"]
+    assert [r[0] for r in logged(tmp_path)[len(runs) :]] == ["install"]
     assert not (call.out / "regen-train.jsonl.xz").exists()
 
 
@@ -191,7 +205,7 @@ def test_oracle_check_stops_each_command_before_the_deadline_and_resumes(call, t
     assert gpu_sglang.oracle_check(call, knobs) == 0
     assert [r[0] for r in logged(tmp_path)][first:] == ["specdec", "specdec", "sglang"]
     assert gpu_sglang.oracle_check(call, knobs) == 0  # the engine's rows are kept; the study resumes itself
-    assert [r[0] for r in logged(tmp_path)][first + 3:] == ["sglang"]
+    assert [r[0] for r in logged(tmp_path)][first + 3 :] == ["sglang"]
     with tarfile.open(call.out / "oracle-check.tar.gz") as tar:
         names = tar.getnames()
     assert "check8/sglang/oracle_tree548.json" in names and "check8/engine_chain6.log" in names
@@ -199,8 +213,10 @@ def test_oracle_check_stops_each_command_before_the_deadline_and_resumes(call, t
 
 
 # a checkout holding packed cargo: a script's `cargo.sh receive` would unpack it and link its folders in
-HOLDS_CARGO = pytest.mark.skipif(any((ROOT / ".device" / "cargo").glob("c*/chunk.*")),
-                                 reason="this checkout holds packed cargo: receiving it would link its folders in")
+HOLDS_CARGO = pytest.mark.skipif(
+    any((ROOT / ".device" / "cargo").glob("c*/chunk.*")),
+    reason="this checkout holds packed cargo: receiving it would link its folders in",
+)
 
 
 def wrapper_stash_log(script: str, tmp_path) -> str:

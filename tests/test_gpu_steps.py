@@ -38,14 +38,22 @@ def test_offline_summary_and_merge(tmp_path):
 
 def test_common_sh_calls_the_module(tmp_path):
     """The bash side of the steps: stage_done and the per-stage seconds, through common.sh itself."""
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "DL": str(tmp_path / "dl"), "SITE": str(tmp_path / "site"),
-           "SCRATCH": str(tmp_path / "scratch"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "DL": str(tmp_path / "dl"),
+        "SITE": str(tmp_path / "site"),
+        "SCRATCH": str(tmp_path / "scratch"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     run = tmp_path / "dl" / "results" / "reference"
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(json.dumps({"00_environment_check": {}}))
-    script = ('source scripts/gpu/common.sh; stage_done 00 && echo done00; stage_done 01 || echo todo01; '
-              'python3 -m draftlab.run.gpu_steps add-seconds "$RUN/s.json" x 5; cat "$RUN/s.json"; '
-              '[ -n "$EMBEDDED_SHA256" ] && echo sha-ok')
+    script = (
+        "source scripts/gpu/common.sh; stage_done 00 && echo done00; stage_done 01 || echo todo01; "
+        'python3 -m draftlab.run.gpu_steps add-seconds "$RUN/s.json" x 5; cat "$RUN/s.json"; '
+        '[ -n "$EMBEDDED_SHA256" ] && echo sha-ok'
+    )
     out = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert "done00" in out.stdout and "todo01" in out.stdout and '{"x": 5}' in out.stdout, out.stdout + out.stderr
     assert "sha-ok" in out.stdout

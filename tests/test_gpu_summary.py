@@ -13,13 +13,28 @@ def summary():
 
 
 def metrics():
-    row = {"arch": "eagle3", "S": 6, "K": 1, "D": 7, "mode": "EAGLE3", "eval_set": "blend", "samples": 4,
-           "acceptance_length": 2.5, "speedup": 1.4, "lossless": "4/4", "dtype": "float32"}
+    row = {
+        "arch": "eagle3",
+        "S": 6,
+        "K": 1,
+        "D": 7,
+        "mode": "EAGLE3",
+        "eval_set": "blend",
+        "samples": 4,
+        "acceptance_length": 2.5,
+        "speedup": 1.4,
+        "lossless": "4/4",
+        "dtype": "float32",
+    }
     return {
         "03_regenerate": {"splits": {"train": {"tok_s": 1000.0}}},
         "04_train_draft": {"eagle3": {"train_stats": {"kept": 10}, "elapsed_s": 30.0, "elapsed_total_s": 90.0}},
-        "06_benchmark_acceptance": {"eval_sets": {"blend": 4}, "by_set": [row], "by_chain": [],
-                                    "wrong_mode": [{**row, "mode": "EAGLE", "acceptance_length": 1.01}]},
+        "06_benchmark_acceptance": {
+            "eval_sets": {"blend": 4},
+            "by_set": [row],
+            "by_chain": [],
+            "wrong_mode": [{**row, "mode": "EAGLE", "acceptance_length": 1.01}],
+        },
     }
 
 

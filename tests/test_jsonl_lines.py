@@ -13,10 +13,14 @@ def _lines(tmp_path, data: bytes):
 
 
 def test_last_means_only_blanks_follow(tmp_path):
-    assert _lines(tmp_path, b'{"a":1}\n{"b":2}\n') == [(1, {"a": 1}, False, False, True),
-                                                      (2, {"b": 2}, False, True, True)]
-    assert _lines(tmp_path, b'{"a":1}\n  \n\n{"b":2}\n \n\n') == [(1, {"a": 1}, False, False, True),
-                                                                    (4, {"b": 2}, False, True, True)]
+    assert _lines(tmp_path, b'{"a":1}\n{"b":2}\n') == [
+        (1, {"a": 1}, False, False, True),
+        (2, {"b": 2}, False, True, True),
+    ]
+    assert _lines(tmp_path, b'{"a":1}\n  \n\n{"b":2}\n \n\n') == [
+        (1, {"a": 1}, False, False, True),
+        (4, {"b": 2}, False, True, True),
+    ]
     assert _lines(tmp_path, b'{"a":1}\n{"b":') == [(1, {"a": 1}, False, False, True), (2, None, True, True, False)]
     assert _lines(tmp_path, b'{"a":\n{"b":2}') == [(1, None, True, False, True), (2, {"b": 2}, False, True, False)]
     assert _lines(tmp_path, b"") == [] and _lines(tmp_path, b"\n \n") == []

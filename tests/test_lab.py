@@ -18,8 +18,16 @@ ROOT = Path(__file__).parents[1]
 @pytest.mark.server
 def test_jupyterlab_answers_and_lists_notebooks(tmp_path):
     port, token = free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--notebook-dir={ROOT}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--notebook-dir={ROOT}",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}

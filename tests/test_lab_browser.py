@@ -32,8 +32,9 @@ def embeds_a_figure(path: Path) -> bool:
 def published_with_figures(stems=PUBLISHED_STEMS) -> list[str]:
     """For each stem, one committed executed notebook that embeds a figure: results/reference's when it has one,
     else another published run's. The reference run is re-pointed from run to run, so no path is typed here."""
-    paths = sorted((str(p.relative_to(ROOT)) for p in published_notebooks()),
-                   key=lambda p: (p.split("/")[1] != "reference", p))
+    paths = sorted(
+        (str(p.relative_to(ROOT)) for p in published_notebooks()), key=lambda p: (p.split("/")[1] != "reference", p)
+    )
     chosen = []
     for stem in stems:
         found = next((p for p in paths if Path(p).stem == stem and embeds_a_figure(ROOT / p)), None)

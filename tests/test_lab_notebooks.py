@@ -28,9 +28,10 @@ def with_outputs(nb: dict) -> dict:
     nb = copy.deepcopy(nb)
     for i, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
         cell["execution_count"] = i + 1
-        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": f"out {i}\n"},
-                           {"output_type": "execute_result", "execution_count": i + 1, "metadata": {},
-                            "data": {"text/plain": f"{i}"}}]
+        cell["outputs"] = [
+            {"output_type": "stream", "name": "stdout", "text": f"out {i}\n"},
+            {"output_type": "execute_result", "execution_count": i + 1, "metadata": {}, "data": {"text/plain": f"{i}"}},
+        ]
         cell["metadata"]["execution"] = {"iopub.status.busy": "2026-12-01T09:00:00Z"}
     nb["metadata"]["language_info"] = {"name": "python", "version": "3.11"}
     return nb

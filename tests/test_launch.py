@@ -14,10 +14,12 @@ from draftlab.core.serve import sglang_commands, sglang_speculative_command
 
 
 def test_parse_full_command_with_env_equals_and_continuations():
-    cmd = ("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 CUDA_VISIBLE_DEVICES=0 python3 -m sglang.launch_server \\\n"
-           "  --model-path deepseek-ai/DeepSeek-V3 --tp 8 --speculative-algorithm=eagle3 \\\n"
-           "  --speculative-draft-model-path '/models/my draft' --speculative-num-steps 3 \\\n"
-           "  --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --context-length 32768 --trust-remote-code")
+    cmd = (
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 CUDA_VISIBLE_DEVICES=0 python3 -m sglang.launch_server \\\n"
+        "  --model-path deepseek-ai/DeepSeek-V3 --tp 8 --speculative-algorithm=eagle3 \\\n"
+        "  --speculative-draft-model-path '/models/my draft' --speculative-num-steps 3 \\\n"
+        "  --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --context-length 32768 --trust-remote-code"
+    )
     s = parse_launch(cmd)
     assert s.env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1", "CUDA_VISIBLE_DEVICES": "0"}
     assert s.model_path == "deepseek-ai/DeepSeek-V3"
@@ -52,17 +54,29 @@ def test_set_flag_replaces_abbreviations_and_equals_forms_and_appends():
     fixed = set_flag(cmd, "--speculative-algorithm", "EAGLE3")
     assert parse_launch(fixed).speculative_algorithm == "EAGLE3"
     assert fixed.count("--speculative-algorithm") == 1 and "/d" in fixed
-    assert set_flag("x --speculative-algo=EAGLE --port 1", "--speculative-algorithm", "EAGLE3") == \
-        "x --speculative-algorithm EAGLE3 --port 1"
+    assert (
+        set_flag("x --speculative-algo=EAGLE --port 1", "--speculative-algorithm", "EAGLE3")
+        == "x --speculative-algorithm EAGLE3 --port 1"
+    )
     assert set_flag("python -m sglang.launch_server --model-path /t", "--max-running-requests", 48).endswith(
-        "--max-running-requests 48")
+        "--max-running-requests 48"
+    )
     assert remove_flag("a --context-length 10 --port 2", "--context-length") == "a --port 2"
 
 
 def test_server_info_settings():
-    s = from_server_info({"model_path": "/t", "speculative_algorithm": "EAGLE", "speculative_num_steps": "3",
-                          "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
-                          "max_running_requests": 48, "context_length": 4096}, "f.json")
+    s = from_server_info(
+        {
+            "model_path": "/t",
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": "3",
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4,
+            "max_running_requests": 48,
+            "context_length": 4096,
+        },
+        "f.json",
+    )
     assert s.speculative_algorithm == "EAGLE" and s.num_steps == 3 and s.context_length == 4096
     with pytest.raises(LaunchError, match="f.json: field 'speculative_num_steps'"):
         from_server_info({"speculative_num_steps": "three"}, "f.json")

@@ -48,20 +48,27 @@ def test_the_venvs_torch_is_kept_by_later_targets(tmp_path):
         os.utime(stamp, (later, later))
     (venv / ".torch-requirement").write_text("torch==2.11.0\n")  # what the torch stamp's recipe records
     for target in ("setup", "lab", "test", "demo"):
-        out = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={venv}"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["make", "-n", "-C", str(ROOT), target, f"VENV={venv}"], capture_output=True, text=True, check=True
+        ).stdout
         assert "pip install" not in out, f"make {target} reinstalls: {out}"
     back = _dry_run(venv, "torch==2.13.0")  # an explicit TORCH still switches
     assert 'pip install -q --disable-pip-version-check "torch==2.13.0"' in back
-    assert '> ' + str(venv / ".torch-requirement") in back
+    assert "> " + str(venv / ".torch-requirement") in back
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 def test_make_lab_takes_a_port_and_a_token(tmp_path):
     """`make lab PORT=... TOKEN=...` (issue 20.8); without TOKEN, Lab makes its own and prints it."""
+
     def lab(*extra):
-        return subprocess.run(["make", "-n", "-C", str(ROOT), "lab", f"VENV={tmp_path / 'venv'}", *extra],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["make", "-n", "-C", str(ROOT), "lab", f"VENV={tmp_path / 'venv'}", *extra],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
     given = lab("PORT=8890", "TOKEN=s3cret")
     assert "--port=8890" in given and "--IdentityProvider.token=s3cret" in given and "--ip=127.0.0.1" in given
     default = lab()

@@ -10,8 +10,12 @@ from helpers_regen import make_conversations, write_jsonl
 
 
 def _row(conv, t_done, tokens, truncated=False):
-    regen = {"t_done": t_done, "completion_tokens": tokens, "truncated": truncated,
-             "finish_reasons": ["length" if truncated else "stop"] * len(tokens)}
+    regen = {
+        "t_done": t_done,
+        "completion_tokens": tokens,
+        "truncated": truncated,
+        "finish_reasons": ["length" if truncated else "stop"] * len(tokens),
+    }
     return {**conv, "meta": {"regen": regen}}
 
 
@@ -22,22 +26,31 @@ def work(tmp_path):
     rows = make_conversations(20)
     w = tmp_path / "work"
     (w / "shards").mkdir(parents=True)
-    (w / "manifest.json").write_text(json.dumps(
-        {"total": 20, "runs": [{"started": now - 600, "backend": "server", "pid": None}]}))
-    old = [_row(rows[i], now - 600 + 50 * i, [10]) for i in range(6)]           # t = now-600..now-350
+    (w / "manifest.json").write_text(
+        json.dumps({"total": 20, "runs": [{"started": now - 600, "backend": "server", "pid": None}]})
+    )
+    old = [_row(rows[i], now - 600 + 50 * i, [10]) for i in range(6)]  # t = now-600..now-350
     new = [_row(rows[6 + i], now - 240 + 40 * i, [20, 5], truncated=i == 0) for i in range(6)]
     write_jsonl(w / "shards" / "part-00000.jsonl", old)
     write_jsonl(w / "shards" / "part-00001.jsonl", new)
     with open(w / "shards" / "part-00001.jsonl", "ab") as fh:
         fh.write(b'{"id": "torn')  # a torn last line: ignored, never written back by the monitor
-    write_jsonl(w / "dropped.jsonl", [
-        {"id": rows[12]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 100},
-        {"id": rows[13]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 700}])
-    write_jsonl(w / "errors.jsonl", [
-        {"id": rows[14]["id"], "reason": "turn 0: HTTP 500: boom [server x, attempt 6]"},
-        {"id": rows[15]["id"], "reason": "turn 0: timeout after 5 s (ReadTimeout) [server x, attempt 6]"},
-        {"id": rows[16]["id"], "reason": "turn 1: HTTP 500: boom [server x, attempt 6]"},
-        {"id": rows[0]["id"], "reason": "turn 0: HTTP 500: old failure, done since"}])
+    write_jsonl(
+        w / "dropped.jsonl",
+        [
+            {"id": rows[12]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 100},
+            {"id": rows[13]["id"], "reason": "length", "completion_tokens": [64], "t_done": now - 700},
+        ],
+    )
+    write_jsonl(
+        w / "errors.jsonl",
+        [
+            {"id": rows[14]["id"], "reason": "turn 0: HTTP 500: boom [server x, attempt 6]"},
+            {"id": rows[15]["id"], "reason": "turn 0: timeout after 5 s (ReadTimeout) [server x, attempt 6]"},
+            {"id": rows[16]["id"], "reason": "turn 1: HTTP 500: boom [server x, attempt 6]"},
+            {"id": rows[0]["id"], "reason": "turn 0: HTTP 500: old failure, done since"},
+        ],
+    )
     return w, now
 
 
@@ -96,8 +109,7 @@ def test_throughput_of_a_server_that_finishes_in_waves_has_no_stalls(tmp_path):
     w = tmp_path / "work"
     (w / "shards").mkdir(parents=True)
     (w / "manifest.json").write_text(json.dumps({"total": 24, "runs": [{"started": 1000.0, "pid": None}]}))
-    write_jsonl(w / "shards" / "part-00000.jsonl",
-                [_row(rows[i], 1000.0 + 30 * (1 + i // 8), [15]) for i in range(24)])
+    write_jsonl(w / "shards" / "part-00000.jsonl", [_row(rows[i], 1000.0 + 30 * (1 + i // 8), [15]) for i in range(24)])
     edges, tok_s, cum = monitor.throughput_series(w, bin_s=5)
     assert tok_s == pytest.approx([8 * 15 / 30] * 3) and min(tok_s) > 0
     assert edges == pytest.approx([0, 30, 60, 90]) and cum == [8, 16, 24]

@@ -137,9 +137,14 @@ def test_05_opened_with_only_run_dir_continues_the_run(chain, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(chain[0], run_dir, ignore=shutil.ignore_patterns("executed", "scaling"))
     out = tmp_path / "05.ipynb"
-    papermill.execute_notebook(str(ROOT / "notebooks" / "05_flag_diagnosis.ipynb"), str(out),
-                               parameters={"RUN_DIR": str(run_dir)}, kernel_name="python3", cwd=str(ROOT),
-                               progress_bar=False)
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "05_flag_diagnosis.ipynb"),
+        str(out),
+        parameters={"RUN_DIR": str(run_dir)},
+        kernel_name="python3",
+        cwd=str(ROOT),
+        progress_bar=False,
+    )
     first = "".join(as_text(o["text"]) for o in outputs(json.loads(out.read_text())) if o.get("name") == "stdout")
     assert "from the run folder" in first and "TARGET='tiny'" in first and "PROFILE='smoke'" in first
     m = json.loads((run_dir / "metrics.json").read_text())["05_flag_diagnosis"]

@@ -50,11 +50,7 @@ def test_published_notebook_that_saves_figures_embeds_them(path):
     assert shown, f"{'/'.join(path.parts[-3:])} saves figures but embeds none: run scripts/embed_saved_figures.py"
     for i, cell in enumerate(cells):
         outs = cell.get("outputs", [])
-        named = [
-            o
-            for o in outs
-            if FIGURE_PATH.search(text(o.get("data", {}).get("text/plain")))
-        ]
+        named = [o for o in outs if FIGURE_PATH.search(text(o.get("data", {}).get("text/plain")))]
         if named:
             assert any("image/png" in o.get("data", {}) for o in outs), (
                 f"{path.name} code cell {i}: a figure path, no figure"

@@ -30,7 +30,7 @@ def test_every_headline_number_is_in_the_summary_and_every_figure_exists():
     assert published.fmt("speedup_batch1", summary["speedup_batch1"]) in m.group("body")
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", m.group("body")):
         assert (ROOT / link).is_file(), link
-    outside = text[: m.start()] + text[m.end():]
+    outside = text[: m.start()] + text[m.end() :]
     for key in ("speedup_batch1", "eagle3_acceptance_s6_heldout"):  # no copy of a headline figure typed elsewhere
         assert published.fmt(key, summary[key]) not in outside, key
 
@@ -61,10 +61,23 @@ def test_sglang_figures_are_shown_with_their_sources_and_labelled_as_sglangs(run
     """What run.summary writes once `draftlab bench sglang` has measured a run (its keys merged flat)."""
     _, run, readme = run_copy
     summary = json.loads((run / "summary.json").read_text())
-    summary.update({"sglang_version": "0.5.17", "sglang_speedup_batch1": 1.31, "sglang_speedup_c16": None,
-                    "engine_vs_sglang_acceptance_gap": 0.012, "sglang_new_figure": 7.5})
-    summary["sources"].update({"sglang_version": "sglang/version.txt", "sglang_speedup_batch1": "study S=3 c=1",
-                               "engine_vs_sglang_acceptance_gap": "oracle_chain.json", "sglang_new_figure": "study"})
+    summary.update(
+        {
+            "sglang_version": "0.5.17",
+            "sglang_speedup_batch1": 1.31,
+            "sglang_speedup_c16": None,
+            "engine_vs_sglang_acceptance_gap": 0.012,
+            "sglang_new_figure": 7.5,
+        }
+    )
+    summary["sources"].update(
+        {
+            "sglang_version": "sglang/version.txt",
+            "sglang_speedup_batch1": "study S=3 c=1",
+            "engine_vs_sglang_acceptance_gap": "oracle_chain.json",
+            "sglang_new_figure": "study",
+        }
+    )
     summary["sources"].pop("sglang_speedup_c16", None)  # not measured: no source either
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "figures" / "06_benchmark_acceptance_breakeven_engine_vs_sglang.png").write_bytes(b"png")

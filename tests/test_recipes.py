@@ -11,18 +11,37 @@ from tests.test_train import write_fixture
 
 from draftlab.benchmark_acceptance.sglang_live import slug
 from draftlab.core.records import append_jsonl
-from draftlab.data_scaling import recipe_rows, recipes
+from draftlab.data_scaling import recipe_rows, recipe_speed, recipes
 from draftlab.train_draft import TrainConfig
 
-SMOKE = {"device": "cpu", "draft_vocab_size": 256, "max_len": 64, "epochs": 1.0, "batch_tokens": 256, "max_batch": 4,
-         "ttt_steps": 2, "max_val_samples": 4, "log_every": 1, "save_every": 2, "eval_every": 4, "threads": 1}
+SMOKE = {
+    "device": "cpu",
+    "draft_vocab_size": 256,
+    "max_len": 64,
+    "epochs": 1.0,
+    "batch_tokens": 256,
+    "max_batch": 4,
+    "ttt_steps": 2,
+    "max_val_samples": 4,
+    "log_every": 1,
+    "save_every": 2,
+    "eval_every": 4,
+    "threads": 1,
+}
 
 
 def test_base_is_the_reference_runs_recipe():
     params = yaml.safe_load(open("results/reference/params.yaml"))["notebooks"]["04_train_draft"]
-    names = {"epochs": "EPOCHS", "draft_vocab_size": "DRAFT_VOCAB_SIZE", "lr": "LR", "max_len": "MAX_LEN",
-             "batch_tokens": "BATCH_TOKENS", "max_batch": "MAX_BATCH", "ttt_steps": "TTT_STEPS",
-             "max_val_samples": "VAL_SAMPLES"}
+    names = {
+        "epochs": "EPOCHS",
+        "draft_vocab_size": "DRAFT_VOCAB_SIZE",
+        "lr": "LR",
+        "max_len": "MAX_LEN",
+        "batch_tokens": "BATCH_TOKENS",
+        "max_batch": "MAX_BATCH",
+        "ttt_steps": "TTT_STEPS",
+        "max_val_samples": "VAL_SAMPLES",
+    }
     assert {k: params[v] for k, v in names.items()} == {k: recipe_rows.BASE[k] for k in names}
     assert params["ARCHS"] == [recipe_rows.BASE["arch"]]
     for row in recipe_rows.ROWS:  # every row is a valid TrainConfig
@@ -33,11 +52,20 @@ def test_rows_train_resume_after_a_cut_and_export(tmp_path):
     train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "study"
     extra = {**SMOKE, "target": "tiny"}
-    cut = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
-                             deadline=__import__("time").time() + 0.5, extra=extra)
+    cut = recipes.train_rows(
+        ["base", "hardce"],
+        str(train_file),
+        str(val_file),
+        out,
+        target="tiny",
+        parallel=2,
+        deadline=__import__("time").time() + 0.5,
+        extra=extra,
+    )
     assert cut == {"base": "cut", "hardce": "cut"}
-    status = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
-                                extra=extra)
+    status = recipes.train_rows(
+        ["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2, extra=extra
+    )
     assert status == {"base": "done", "hardce": "done"}, (out / "base" / "train.log").read_text()[-2000:]
     for row in ("base", "hardce"):
         assert (out / row / "draft" / "config.json").is_file()
@@ -65,8 +93,9 @@ def test_offline_rows_share_one_store_of_target_states_that_the_parent_computes(
     train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "study"
     extra = {**SMOKE, "target": "tiny", "hidden": "offline"}
-    status = recipes.train_rows(["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2,
-                                extra=extra)
+    status = recipes.train_rows(
+        ["base", "hardce"], str(train_file), str(val_file), out, target="tiny", parallel=2, extra=extra
+    )
     assert status == {"base": "done", "hardce": "done"}, (out / "base" / "train.log").read_text()[-2000:]
     n = json.loads((out / "hidden" / "train" / "index.json").read_text())["num_samples"]
     for row in ("base", "hardce"):  # each row found the store complete: it only read it
@@ -78,33 +107,41 @@ def test_the_speed_check_times_each_variant_on_the_shared_tokens(tmp_path, capsy
     train_file, val_file = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "study"
     smoke = {**SMOKE, "epochs": 30.0}  # enough batches for 30 steps
-    res = recipes.check_speed(["eager", "keep_head"], str(train_file), str(val_file), out, target="tiny", steps=30,
-                              extra=smoke)
+    res = recipe_speed.check_speed(
+        ["eager", "keep_head"], str(train_file), str(val_file), out, target="tiny", steps=30, extra=smoke
+    )
     assert set(res) == {"eager", "keep_head", "note"}
     assert res["eager"]["steps"] == 30 and res["eager"]["tok_s_after_warmup"] > 0
     assert res["eager"]["loss"] == res["keep_head"]["loss"]  # the same arithmetic (recomputing the head: CUDA only)
     assert json.loads((out / "speed.json").read_text()) == res
     assert list((out / "tokens").iterdir()) and not (out / "speed" / "tokens").exists()
     with pytest.raises(Exception, match="speed variant 'fast': expected one of eager, keep_head, compiled, offline"):
-        recipes.check_speed(["fast"], str(train_file), str(val_file), out, target="tiny")
+        recipe_speed.check_speed(["fast"], str(train_file), str(val_file), out, target="tiny")
 
 
 def test_rate_after_warmup_is_the_rate_between_the_first_and_last_logged_rows():
-    rows = [{"step": "10", "tokens_per_s": "100", "elapsed_s": "1", "loss": "3"},
-            {"step": "20", "tokens_per_s": "150", "elapsed_s": "2", "loss": "2"},
-            {"step": "30", "tokens_per_s": "200", "elapsed_s": "3", "loss": "1"}]
+    rows = [
+        {"step": "10", "tokens_per_s": "100", "elapsed_s": "1", "loss": "3"},
+        {"step": "20", "tokens_per_s": "150", "elapsed_s": "2", "loss": "2"},
+        {"step": "30", "tokens_per_s": "200", "elapsed_s": "3", "loss": "1"},
+    ]
     # 200 tok/s * 3 s - 100 tok/s * 1 s = 500 tokens in the 2 s after the first window
-    assert recipes.rate_after_warmup(rows) == {"steps": 30, "tok_s_after_warmup": 250.0, "tok_s_cumulative": 200.0,
-                                               "loss": 1.0}
-    assert recipes.rate_after_warmup(rows[:2]) is None
+    assert recipe_speed.rate_after_warmup(rows) == {
+        "steps": 30,
+        "tok_s_after_warmup": 250.0,
+        "tok_s_cumulative": 200.0,
+        "loss": 1.0,
+    }
+    assert recipe_speed.rate_after_warmup(rows[:2]) is None
     reference = list(csv.DictReader(open("results/reference/train/train.csv")))
-    rate = recipes.rate_after_warmup(reference)
+    rate = recipe_speed.rate_after_warmup(reference)
     assert rate["steps"] == int(reference[-1]["step"]) and rate["tok_s_after_warmup"] > 0
 
 
 def test_each_row_gets_its_own_server_and_ports(tmp_path):
-    entries = recipes.row_entries(["base", "fcnorm", "epochs10"], tmp_path, "/m", steps=6, concurrency=[1, 16],
-                                  port=32000)
+    entries = recipes.row_entries(
+        ["base", "fcnorm", "epochs10"], tmp_path, "/m", steps=6, concurrency=[1, 16], port=32000
+    )
     assert [e.label for e in entries] == ["baseline", "base", "fcnorm", "epochs10"]
     assert entries[0].algorithm is None and all(e.algorithm == "EAGLE3" and e.steps == 6 for e in entries[1:])
     for e, row in zip(entries[1:], ["base", "fcnorm", "epochs10"]):
@@ -115,10 +152,10 @@ def test_each_row_gets_its_own_server_and_ports(tmp_path):
 
 
 def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
-    entries = recipes.row_entries(["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[16, 1], port=32000,
-                                  chain=[1, 3, 6])
-    assert [e.label for e in entries] == ["baseline", "base", "base S1", "base S3", "fcnorm", "fcnorm S1",
-                                          "fcnorm S3"]
+    entries = recipes.row_entries(
+        ["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[16, 1], port=32000, chain=[1, 3, 6]
+    )
+    assert [e.label for e in entries] == ["baseline", "base", "base S1", "base S3", "fcnorm", "fcnorm S1", "fcnorm S3"]
     assert [e.steps for e in entries[1:]] == [6, 1, 3] * 2
     assert [e.concurrency for e in entries] == [[16, 1], [16, 1], [16], [16], [16, 1], [16], [16]]
     for e in entries[1:]:
@@ -126,10 +163,19 @@ def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
     ports = [int(e.command.split(flag)[1].split()[0]) for e in entries for flag in ("--port ", "--nccl-port ")]
     assert len(set(ports)) == len(ports)
     with pytest.raises(Exception, match="too many for the port plan"):
-        recipes.row_entries(list(recipe_rows.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000,
-                            chain=list(range(1, 8)))
-    only = recipes.row_entries(["base", "fcnorm"], tmp_path, "/m", steps=6, concurrency=[1, 16], port=32000,
-                               chain=[1, 3, 6], chain_rows=["fcnorm"])  # the sweep for one row
+        recipes.row_entries(
+            list(recipe_rows.ROWS), tmp_path, "/m", steps=6, concurrency=[16], port=32000, chain=list(range(1, 8))
+        )
+    only = recipes.row_entries(
+        ["base", "fcnorm"],
+        tmp_path,
+        "/m",
+        steps=6,
+        concurrency=[1, 16],
+        port=32000,
+        chain=[1, 3, 6],
+        chain_rows=["fcnorm"],
+    )  # the sweep for one row
     assert [e.label for e in only] == ["baseline", "base", "fcnorm", "fcnorm S1", "fcnorm S3"]
 
 
@@ -138,19 +184,28 @@ def test_table_splits_acceptance_by_prompt_set(tmp_path):
     (out / "sglang" / "outputs").mkdir(parents=True)
     entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=[1, 16], port=32000)
     sets = {"held_out": [0, 2], "humaneval": [2, 3]}
-    append_jsonl(out / "sglang" / "outputs" / "base.jsonl", [
-        {"index": 0, "output_ids": [], "completion_tokens": 30, "spec_verify_ct": 10},
-        {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10},
-        {"index": 2, "output_ids": [], "completion_tokens": 12, "spec_verify_ct": 6}])
-    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": sets, "concurrency": [1, 16],
-                                                          "entries": [e.__dict__ for e in entries]}))
-    append_jsonl(out / "sglang" / "windows.jsonl", [
-        {"label": "baseline", "concurrency": 1, "tokens_per_s": 100.0},
-        {"label": "baseline", "concurrency": 16, "tokens_per_s": 1000.0},
-        {"label": "base", "concurrency": 1, "tokens_per_s": 150.0},
-        {"label": "base", "concurrency": 16, "tokens_per_s": 700.0},
-        {"label": "base", "concurrency": 16, "tokens_per_s": 900.0},
-        {"label": "base", "concurrency": 16, "tokens_per_s": 800.0}])
+    append_jsonl(
+        out / "sglang" / "outputs" / "base.jsonl",
+        [
+            {"index": 0, "output_ids": [], "completion_tokens": 30, "spec_verify_ct": 10},
+            {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10},
+            {"index": 2, "output_ids": [], "completion_tokens": 12, "spec_verify_ct": 6},
+        ],
+    )
+    (out / "sglang" / "plan.json").write_text(
+        json.dumps({"steps": 6, "sets": sets, "concurrency": [1, 16], "entries": [e.__dict__ for e in entries]})
+    )
+    append_jsonl(
+        out / "sglang" / "windows.jsonl",
+        [
+            {"label": "baseline", "concurrency": 1, "tokens_per_s": 100.0},
+            {"label": "baseline", "concurrency": 16, "tokens_per_s": 1000.0},
+            {"label": "base", "concurrency": 1, "tokens_per_s": 150.0},
+            {"label": "base", "concurrency": 16, "tokens_per_s": 700.0},
+            {"label": "base", "concurrency": 16, "tokens_per_s": 900.0},
+            {"label": "base", "concurrency": 16, "tokens_per_s": 800.0},
+        ],
+    )
     df = recipes.write_report(out)
     row = df.iloc[0].to_dict()
     assert row["sglang_acceptance_held_out"] == pytest.approx(2.5) and row["sglang_acceptance_humaneval"] == 2.0
@@ -165,18 +220,33 @@ def test_report_by_chain_length(tmp_path):
     out = tmp_path
     (out / "sglang" / "outputs").mkdir(parents=True)
     entries = recipes.row_entries(["base"], out, "/m", steps=6, concurrency=[16, 1], port=32000, chain=[2, 6])
-    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
-                                                          "concurrency": [16, 1],
-                                                          "entries": [e.__dict__ for e in entries]}))
+    (out / "sglang" / "plan.json").write_text(
+        json.dumps(
+            {
+                "steps": 6,
+                "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
+                "concurrency": [16, 1],
+                "entries": [e.__dict__ for e in entries],
+            }
+        )
+    )
     for label, (a, b) in (("base", (30, 12)), ("base S2", (20, 9))):
-        append_jsonl(out / "sglang" / "outputs" / f"{slug(label)}.jsonl", [
-            {"index": 0, "output_ids": [], "completion_tokens": a, "spec_verify_ct": 10},
-            {"index": 1, "output_ids": [], "completion_tokens": b, "spec_verify_ct": 6}])
-    append_jsonl(out / "sglang" / "windows.jsonl", [  # the first concurrency's windows: every server has one
-        {"label": "baseline", "concurrency": 16, "tokens_per_s": 400.0},
-        {"label": "base", "concurrency": 16, "tokens_per_s": 500.0},
-        {"label": "base", "concurrency": 1, "tokens_per_s": 90.0},
-        {"label": "base S2", "concurrency": 16, "tokens_per_s": 600.0}])
+        append_jsonl(
+            out / "sglang" / "outputs" / f"{slug(label)}.jsonl",
+            [
+                {"index": 0, "output_ids": [], "completion_tokens": a, "spec_verify_ct": 10},
+                {"index": 1, "output_ids": [], "completion_tokens": b, "spec_verify_ct": 6},
+            ],
+        )
+    append_jsonl(
+        out / "sglang" / "windows.jsonl",
+        [  # the first concurrency's windows: every server has one
+            {"label": "baseline", "concurrency": 16, "tokens_per_s": 400.0},
+            {"label": "base", "concurrency": 16, "tokens_per_s": 500.0},
+            {"label": "base", "concurrency": 1, "tokens_per_s": 90.0},
+            {"label": "base S2", "concurrency": 16, "tokens_per_s": 600.0},
+        ],
+    )
     df = recipes.write_report(out)
     assert list(df["row"]) == ["base"] and df.iloc[0]["sglang_acceptance_held_out"] == 3.0
     by_steps = pd.read_csv(out / "acceptance_by_steps.csv")
@@ -184,17 +254,21 @@ def test_report_by_chain_length(tmp_path):
         {"row": "base", "steps": 2, "set": "held_out", "acceptance": 2.0},
         {"row": "base", "steps": 2, "set": "humaneval", "acceptance": 1.5},
         {"row": "base", "steps": 6, "set": "held_out", "acceptance": 3.0},
-        {"row": "base", "steps": 6, "set": "humaneval", "acceptance": 2.0}]
+        {"row": "base", "steps": 6, "set": "humaneval", "acceptance": 2.0},
+    ]
     speed = pd.read_csv(out / "speed_by_steps.csv")
     assert speed.to_dict("records") == [
         {"row": "base", "steps": 6, "concurrency": 16, "tok_s": 500.0, "speedup": 1.25},
-        {"row": "base", "steps": 2, "concurrency": 16, "tok_s": 600.0, "speedup": 1.5}]
+        {"row": "base", "steps": 2, "concurrency": 16, "tok_s": 600.0, "speedup": 1.5},
+    ]
     assert (out / "recipes_by_steps.png").is_file()
 
 
 def answered_rows(ids, answer="an answer") -> list[dict]:
-    return [{"id": i, "messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": answer}]}
-            for i in ids]
+    return [
+        {"id": i, "messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": answer}]}
+        for i in ids
+    ]
 
 
 def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_extra(tmp_path, monkeypatch):
@@ -211,7 +285,8 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
     monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", 2)
     assert recipes.grow_rows(["base", "data2x"], train, str(regenerated)) == {
-        "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}}
+        "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}
+    }
     grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
     assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
     assert recipes.grow_rows(["data2x"], train, str(regenerated)) == {}  # written once
@@ -227,13 +302,24 @@ def measured_study(out, accepted: dict[str, int]):
     10 verify steps, the held-out one with `accepted[row]` tokens (acceptance accepted/10) and HumanEval 20."""
     (out / "sglang" / "outputs").mkdir(parents=True)
     entries = recipes.row_entries(list(accepted), out, "/m", steps=6, concurrency=[16], port=32000)
-    (out / "sglang" / "plan.json").write_text(json.dumps({"steps": 6, "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
-                                                          "concurrency": [16],
-                                                          "entries": [e.__dict__ for e in entries]}))
+    (out / "sglang" / "plan.json").write_text(
+        json.dumps(
+            {
+                "steps": 6,
+                "sets": {"held_out": [0, 1], "humaneval": [1, 2]},
+                "concurrency": [16],
+                "entries": [e.__dict__ for e in entries],
+            }
+        )
+    )
     for row, tokens in accepted.items():
-        append_jsonl(out / "sglang" / "outputs" / f"{slug(row)}.jsonl", [
-            {"index": 0, "output_ids": [], "completion_tokens": tokens, "spec_verify_ct": 10},
-            {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10}])
+        append_jsonl(
+            out / "sglang" / "outputs" / f"{slug(row)}.jsonl",
+            [
+                {"index": 0, "output_ids": [], "completion_tokens": tokens, "spec_verify_ct": 10},
+                {"index": 1, "output_ids": [], "completion_tokens": 20, "spec_verify_ct": 10},
+            ],
+        )
     return out
 
 
@@ -253,9 +339,9 @@ def test_combined_table_compares_each_row_with_its_own_studys_base(tmp_path):
 
 
 def test_set_values_take_each_settings_type():
-    assert TrainConfig.from_text([("compile", "true"), ("save_every", "100"), ("lr", "1e-3"), ("device", "cuda"),
-                                  ("recompute_head", "false")]) == {
-        "compile": True, "save_every": 100, "lr": 1e-3, "device": "cuda", "recompute_head": False}
+    assert TrainConfig.from_text(
+        [("compile", "true"), ("save_every", "100"), ("lr", "1e-3"), ("device", "cuda"), ("recompute_head", "false")]
+    ) == {"compile": True, "save_every": 100, "lr": 1e-3, "device": "cuda", "recompute_head": False}
     with pytest.raises(ValueError, match="unknown training setting 'speed'"):
         TrainConfig.from_text([("speed", "1")])
 
@@ -297,17 +383,33 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     (study / "sglang" / "outputs").mkdir(parents=True)
     sizes = {"n1351": 1351, "n2702": 2702, "n5403": 5403, "n10806": 10806, "base": 21612}
     entries = recipes.row_entries([*sizes, "fcnorm"], study, "/m", steps=6, concurrency=[16], port=32000)
-    plan = {"steps": 6, "sets": {"held_out": [0, 8], "humaneval": [8, 9]}, "concurrency": [16],
-            "entries": [e.__dict__ for e in entries]}
+    plan = {
+        "steps": 6,
+        "sets": {"held_out": [0, 8], "humaneval": [8, 9]},
+        "concurrency": [16],
+        "entries": [e.__dict__ for e in entries],
+    }
     (study / "sglang" / "plan.json").write_text(json.dumps(plan))
     for k, row in enumerate([*sizes, "fcnorm"]):
         target = 4.0 - 2.0 * (1351 * 2**k / 1000) ** -0.5  # a saturating truth, 8 prompts each, some spread
-        append_jsonl(study / "sglang" / "outputs" / f"{slug(row)}.jsonl", [
-            {"index": i, "output_ids": [], "completion_tokens": round(10 * target) + (i % 3) - 1, "spec_verify_ct": 10}
-            for i in range(9)])
+        append_jsonl(
+            study / "sglang" / "outputs" / f"{slug(row)}.jsonl",
+            [
+                {
+                    "index": i,
+                    "output_ids": [],
+                    "completion_tokens": round(10 * target) + (i % 3) - 1,
+                    "spec_verify_ct": 10,
+                }
+                for i in range(9)
+            ],
+        )
         (study / row / "train").mkdir(parents=True)
-        (study / row / "train" / "summary.json").write_text(json.dumps({
-            "train_stats": {"kept": sizes.get(row, 21612)}, "elapsed_total_s": 60.0 * 2**k, "tokens_per_s": 1.0}))
+        (study / row / "train" / "summary.json").write_text(
+            json.dumps(
+                {"train_stats": {"kept": sizes.get(row, 21612)}, "elapsed_total_s": 60.0 * 2**k, "tokens_per_s": 1.0}
+            )
+        )
     regeneration = {"tok_s": 48000.0, "mean_completion_tokens": 240.0}
     got, fig = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
     assert fig is not None
@@ -331,12 +433,19 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
 def test_size_curve_warns_when_its_points_were_read_at_different_batches():
     from draftlab.data_scaling.size_curve import size_curve_lines
 
-    point = {"row": "n1351", "n": 1351, "sglang_acceptance": 1.4, "sglang_acceptance_se": 0.02, "prompts": 64,
-             "train_s": 60.0}
-    result = {"points": [{**point, "concurrency": 1}, {**point, "row": "base", "concurrency": 16}],
-              "extrapolation": {}}
-    assert any(line.startswith("WARNING: the points' acceptance was read at different batches ([1, 16])")
-               for line in size_curve_lines(result))
+    point = {
+        "row": "n1351",
+        "n": 1351,
+        "sglang_acceptance": 1.4,
+        "sglang_acceptance_se": 0.02,
+        "prompts": 64,
+        "train_s": 60.0,
+    }
+    result = {"points": [{**point, "concurrency": 1}, {**point, "row": "base", "concurrency": 16}], "extrapolation": {}}
+    assert any(
+        line.startswith("WARNING: the points' acceptance was read at different batches ([1, 16])")
+        for line in size_curve_lines(result)
+    )
     result["points"][1]["concurrency"] = 1
     assert not any(line.startswith("WARNING") for line in size_curve_lines(result))
 

@@ -46,9 +46,27 @@ def test_sigkill_at_random_moments_then_resume(tiny_server, tmp_path):
     rows = make_conversations(400, multi_turn_every=5)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "draftlab.regenerate", "regenerate", str(src), str(work),
-           "--base-url", tiny_server.base_url, "--model", tiny_server.model, "--max-tokens", "4",
-           "--concurrency", "2", "--truncation", "keep_flag", "--shard-rows", "50", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftlab.regenerate",
+        "regenerate",
+        str(src),
+        str(work),
+        "--base-url",
+        tiny_server.base_url,
+        "--model",
+        tiny_server.model,
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "2",
+        "--truncation",
+        "keep_flag",
+        "--shard-rows",
+        "50",
+        "--no-progress",
+    ]
     rng = random.Random(1234)
     kills, before = 0, 0
     while kills < 6:
@@ -85,11 +103,18 @@ def test_fault_proxy_every_row_done_or_explained(tiny_server, tmp_path):
     for r in rows[:3]:  # three rows the proxy will always refuse
         r["messages"][-1 if r["messages"][-1]["role"] == "user" else -2]["content"] += " POISON"
     poisoned = {r["id"] for r in rows[:3]}
-    rates = {"drop": 0.08, "http500": 0.08, "http429": 0.06, "timeout": 0.05, "truncated": 0.08,
-             "malformed": 0.08}
-    cfg = RegenConfig(model=tiny_server.model, max_tokens=6, concurrency=6, truncation="keep_flag",
-                      request_timeout=10.0, max_retries=10, backoff_base=0.05, backoff_max=0.4,
-                      server_cooldown=0.3)
+    rates = {"drop": 0.08, "http500": 0.08, "http429": 0.06, "timeout": 0.05, "truncated": 0.08, "malformed": 0.08}
+    cfg = RegenConfig(
+        model=tiny_server.model,
+        max_tokens=6,
+        concurrency=6,
+        truncation="keep_flag",
+        request_timeout=10.0,
+        max_retries=10,
+        backoff_base=0.05,
+        backoff_max=0.4,
+        server_cooldown=0.3,
+    )
     with FaultProxy(tiny_server.base_url, rates, seed=7, hang_s=30) as proxy:
         summary = regenerate(rows, tmp_path / "work", [proxy.base_url], cfg, progress=False)
     for fault in FAULTS:

@@ -43,8 +43,8 @@ def _fake_python(tmp_path: Path, *extra: str) -> str:
     """An interpreter stand-in that runs the health fixture on the launch command's --port."""
     script = tmp_path / "python-fixture"
     script.write_text(
-        "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --port ] && port=$2; shift; done\n"
-        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(HEALTH))} \"$port\" {' '.join(extra)}\n"
+        '#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --port ] && port=$2; shift; done\n'
+        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(HEALTH))} "$port" {" ".join(extra)}\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
@@ -61,8 +61,9 @@ def _gone(pid: int) -> bool:
 def test_target_servers_start_together_answer_on_their_urls_and_all_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
     port = free_port()
-    group = TargetServers("/m/target", 2, tmp_path / "logs", port=port, python=_fake_python(tmp_path),
-                          startup_timeout=20)
+    group = TargetServers(
+        "/m/target", 2, tmp_path / "logs", port=port, python=_fake_python(tmp_path), startup_timeout=20
+    )
     with group as servers:
         assert servers.urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
         assert servers.model == "/m/target"  # the `model` field requests carry: the served folder
@@ -74,8 +75,14 @@ def test_target_servers_start_together_answer_on_their_urls_and_all_stop(tmp_pat
 
 def test_one_server_that_never_gets_healthy_stops_the_others_too(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
-    group = TargetServers("/m/target", 2, tmp_path / "logs", port=free_port(),
-                          python=_fake_python(tmp_path, "--ready-after", "600"), startup_timeout=2)
+    group = TargetServers(
+        "/m/target",
+        2,
+        tmp_path / "logs",
+        port=free_port(),
+        python=_fake_python(tmp_path, "--ready-after", "600"),
+        startup_timeout=2,
+    )
     with pytest.raises(ServerStartError):
         with group:
             pass
@@ -87,7 +94,18 @@ def test_sglang_servers_needs_a_target_to_serve(tmp_path):
     rows.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
     parser = argparse.ArgumentParser()
     cli.add_regenerate_parser(parser.add_subparsers())
-    args = parser.parse_args(["regenerate", str(rows), str(tmp_path / "work"), "--base-url", "http://127.0.0.1:1",
-                              "--model", "m", "--sglang-servers", "2"])
+    args = parser.parse_args(
+        [
+            "regenerate",
+            str(rows),
+            str(tmp_path / "work"),
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--model",
+            "m",
+            "--sglang-servers",
+            "2",
+        ]
+    )
     with pytest.raises(InputError, match="--sglang-servers 2: needs --serve TARGET"):
         cli._check_args(args)

@@ -25,13 +25,17 @@ from helpers_regen import (  # noqa: F401
 
 # ------------------------------------------------------------------ input and plans
 
-@pytest.mark.parametrize("line, match", [
-    ("{not json", "line 2: not valid JSON"),
-    (json.dumps({"id": "x", "messages": [{"role": "bot", "content": "a"}]}), r"line 2: messages\[0\].role"),
-    (json.dumps({"id": "x", "messages": [{"role": "user", "content": 3}]}), r"line 2: messages\[0\].content"),
-    (json.dumps({"messages": [{"role": "user", "content": "a"}]}), "line 2: missing field 'id'"),
-    (json.dumps({"id": "x", "messages": [{"role": "system", "content": "a"}]}), "line 2: .*no user turn"),
-])
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("{not json", "line 2: not valid JSON"),
+        (json.dumps({"id": "x", "messages": [{"role": "bot", "content": "a"}]}), r"line 2: messages\[0\].role"),
+        (json.dumps({"id": "x", "messages": [{"role": "user", "content": 3}]}), r"line 2: messages\[0\].content"),
+        (json.dumps({"messages": [{"role": "user", "content": "a"}]}), "line 2: missing field 'id'"),
+        (json.dumps({"id": "x", "messages": [{"role": "system", "content": "a"}]}), "line 2: .*no user turn"),
+    ],
+)
 def test_bad_input_names_file_line_and_field(tmp_path, line, match):
     good = make_conversations(1)[0]
     path = tmp_path / "blend.jsonl"
@@ -49,11 +53,14 @@ def test_duplicate_ids_are_an_error(tmp_path):
 
 
 def test_plan_applies_system_policy_and_turn_limit():
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
-            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
-            {"role": "assistant", "content": "a2"}]
-    assert [m["role"] for m in plan_turns(msgs, RegenConfig())] == [
-        "system", "user", "assistant", "user", "assistant"]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+    ]
+    assert [m["role"] for m in plan_turns(msgs, RegenConfig())] == ["system", "user", "assistant", "user", "assistant"]
     assert plan_turns(msgs, RegenConfig(system_policy="drop"))[0]["role"] == "user"
     p = plan_turns(msgs, RegenConfig(system_policy="set", system_prompt="Be brief."))
     assert p[0] == {"role": "system", "content": "Be brief."} and len(p) == 5
@@ -96,6 +103,7 @@ def test_finalize_keeps_input_order_and_counts(tmp_path):
 
 # ------------------------------------------------------------------ against the tiny target's real server
 
+
 def _cfg(srv, **kw):
     kw.setdefault("max_tokens", 6)
     kw.setdefault("concurrency", 6)
@@ -105,8 +113,16 @@ def _cfg(srv, **kw):
 @pytest.mark.server
 def test_end_to_end_multi_turn_records(tiny_server, tmp_path):
     rows = make_conversations(24)
-    cfg = _cfg(tiny_server, truncation="keep_flag", system_policy="set", system_prompt="Be brief.",
-               temperature=0.7, top_p=0.9, seed=3, stop=["\n\n"])
+    cfg = _cfg(
+        tiny_server,
+        truncation="keep_flag",
+        system_policy="set",
+        system_prompt="Be brief.",
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+        stop=["\n\n"],
+    )
     summary = regenerate(rows, tmp_path / "work", [tiny_server.base_url], cfg, progress=False)
     assert summary["rows_done"] == 24 and summary["rows_error"] == 0
     out = {r["id"]: r for r in all_shard_rows(tmp_path / "work")}
@@ -121,8 +137,7 @@ def test_end_to_end_multi_turn_records(tiny_server, tmp_path):
         ] + (["assistant"] if src["messages"][-1]["role"] == "user" else [])
         assert len(regen["finish_reasons"]) == n_turns == len(regen["completion_tokens"])
         assert regen["model"] == "tiny" and regen["servers"] == [tiny_server.base_url] * n_turns
-        assert regen["sampling"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 6,
-                                     "stop": ["\n\n"], "seed": 3}
+        assert regen["sampling"] == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 6, "stop": ["\n\n"], "seed": 3}
         assert regen["system_policy"] == "set" and regen["system_prompt"] == "Be brief."
         assert all(0 < c <= 6 for c in regen["completion_tokens"])
         assert regen["truncated"] == ("length" in regen["finish_reasons"])
@@ -160,13 +175,11 @@ def test_dead_server_is_taken_out(tiny_server, tmp_path):
 
     dead = f"http://127.0.0.1:{free_port()}"
     rows = make_conversations(16, multi_turn_every=0)
-    cfg = _cfg(tiny_server, truncation="keep_flag", down_after=2, server_cooldown=30,
-               backoff_base=0.01)
+    cfg = _cfg(tiny_server, truncation="keep_flag", down_after=2, server_cooldown=30, backoff_base=0.01)
     summary = regenerate(rows, tmp_path / "work", [dead, tiny_server.base_url], cfg, progress=False)
     assert summary["rows_done"] == 16 and summary["rows_error"] == 0
     assert summary["servers"][dead]["outages"] == 1 and summary["servers"][dead]["ok"] == 0
-    assert all(r["meta"]["regen"]["servers"] == [tiny_server.base_url]
-               for r in all_shard_rows(tmp_path / "work"))
+    assert all(r["meta"]["regen"]["servers"] == [tiny_server.base_url] for r in all_shard_rows(tmp_path / "work"))
 
 
 @pytest.mark.server
@@ -175,9 +188,24 @@ def test_cli_end_to_end_with_output(tiny_server, tmp_path):
 
     rows = make_conversations(6)
     src = write_jsonl(tmp_path / "blend" / "train.jsonl", rows)
-    code = main(["regenerate", str(src), str(tmp_path / "work"), "--base-url", tiny_server.base_url,
-                 "--model", tiny_server.model, "--max-tokens", "4", "--truncation", "keep_flag",
-                 "--output", str(tmp_path / "regen" / "train.jsonl"), "--no-progress"])
+    code = main(
+        [
+            "regenerate",
+            str(src),
+            str(tmp_path / "work"),
+            "--base-url",
+            tiny_server.base_url,
+            "--model",
+            tiny_server.model,
+            "--max-tokens",
+            "4",
+            "--truncation",
+            "keep_flag",
+            "--output",
+            str(tmp_path / "regen" / "train.jsonl"),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     assert [r["id"] for r in read_lines(tmp_path / "regen" / "train.jsonl")] == [r["id"] for r in rows]
 
@@ -192,8 +220,9 @@ def test_embedded_server_end_to_end(tmp_path):
     rows = make_conversations(6, multi_turn_every=3)
     tok = load_tokenizer("embedded")
     with LocalServer(resolve_path("embedded"), log_path=tmp_path / "serve.log") as srv:
-        cfg = RegenConfig(model=srv.model, model_name="SmolLM2-135M-Instruct", max_tokens=24,
-                          truncation="keep_flag", concurrency=6)
+        cfg = RegenConfig(
+            model=srv.model, model_name="SmolLM2-135M-Instruct", max_tokens=24, truncation="keep_flag", concurrency=6
+        )
         summary = regenerate(rows, tmp_path / "work", [srv.base_url], cfg, progress=False)
     assert summary["rows_done"] == 6 and summary["rows_error"] == 0
     for row in all_shard_rows(tmp_path / "work"):
@@ -209,6 +238,7 @@ def test_embedded_server_end_to_end(tmp_path):
 
 
 # ------------------------------------------------------------------ the batch backend (CPU, tiny target)
+
 
 @pytest.fixture
 def one_thread():
@@ -263,18 +293,22 @@ def test_batch_greedy_matches_one_by_one_generation(tmp_path, one_thread):
     from draftlab.regenerate import generate_turns
 
     target = load_target("tiny", device="cpu")
-    prompts = [r["messages"][:-1] if r["messages"][-1]["role"] == "assistant" else r["messages"]
-               for r in make_conversations(4, multi_turn_every=0, system_every=2)]
+    prompts = [
+        r["messages"][:-1] if r["messages"][-1]["role"] == "assistant" else r["messages"]
+        for r in make_conversations(4, multi_turn_every=0, system_every=2)
+    ]
     cfg = RegenConfig(max_tokens=6)
     batched = generate_turns(target, prompts, cfg, batch_size=4)
     assert generate_turns(target, prompts, cfg, batch_size=4, cache="static") == batched
     for p, got in zip(prompts, batched):
-        ids = target.tokenizer(target.render(p, add_generation_prompt=True), return_tensors="pt",
-                               add_special_tokens=False).input_ids
+        ids = target.tokenizer(
+            target.render(p, add_generation_prompt=True), return_tensors="pt", add_special_tokens=False
+        ).input_ids
         with torch.inference_mode():
-            out = target.model.generate(ids, max_new_tokens=6, do_sample=False,
-                                        pad_token_id=target.tokenizer.pad_token_id)
-        new = out[0, ids.shape[1]:].tolist()
+            out = target.model.generate(
+                ids, max_new_tokens=6, do_sample=False, pad_token_id=target.tokenizer.pad_token_id
+            )
+        new = out[0, ids.shape[1] :].tolist()
         eos = set(target.eos_token_ids)
         n = next((j for j, t in enumerate(new) if t in eos), len(new))
         assert got["completion_tokens"] == n
@@ -298,8 +332,9 @@ def test_second_writer_is_refused(tmp_path):
 
     with WorkLock(tmp_path / "work"):
         with pytest.raises(RuntimeError, match="another process"):
-            regenerate(make_conversations(1), tmp_path / "work", ["http://127.0.0.1:9"],
-                       RegenConfig(model="m"), progress=False)
+            regenerate(
+                make_conversations(1), tmp_path / "work", ["http://127.0.0.1:9"], RegenConfig(model="m"), progress=False
+            )
     with WorkLock(tmp_path / "work"):  # released: free again
         pass
 
@@ -311,8 +346,26 @@ def test_batch_size_sweep_forces_equal_work_per_row(tmp_path, one_thread):
     src = tmp_path / "prompts.jsonl"
     write_jsonl(src, make_conversations(3, multi_turn_every=0))
     out = tmp_path / "sweep.json"
-    assert main(["bench", "generate", str(src), "--target", "tiny", "--device", "cpu",
-                 "--batch-sizes", "1,4", "--new-tokens", "5", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "generate",
+                str(src),
+                "--target",
+                "tiny",
+                "--device",
+                "cpu",
+                "--batch-sizes",
+                "1,4",
+                "--new-tokens",
+                "5",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [r["batch_size"] for r in rows] == [1, 4]
     for r in rows:

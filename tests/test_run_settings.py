@@ -62,8 +62,11 @@ def test_an_explicit_value_other_than_the_runs_is_a_one_line_error(tmp_path):
 
 
 def test_a_folder_from_before_run_json_is_read_from_the_runners_params_yaml(tmp_path):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
-        {"profile": "full", "notebooks": {"04_train_draft": {"TARGET": "embedded"}, "05_flag_diagnosis": {}}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {"profile": "full", "notebooks": {"04_train_draft": {"TARGET": "embedded"}, "05_flag_diagnosis": {}}}
+        )
+    )
     assert settings.run_settings(tmp_path) == {"PROFILE": "full", "TARGET": "embedded"}
     assert settings.run_settings(ROOT / "results" / "reference") == {"PROFILE": "full", "TARGET": "embedded"}
     assert settings.run_settings(tmp_path / "new") is None
@@ -103,8 +106,9 @@ def test_runner_takes_an_existing_runs_profile_and_target_and_refuses_others(tmp
 def test_a_device_that_is_not_one_fails_before_papermill_starts(tmp_path, value):
     """`draftlab run -p DEVICE gpu` prints a ParameterError as one line, exit 2 (tests/test_runner.py's CLI case)."""
     with pytest.raises(nb.ParameterError, match="is not a device: use auto, cpu, cuda or cuda:N"):
-        runner.resolve_parameters(runner.select_notebooks(["00"]), runner.load_profile("smoke"), {"DEVICE": value},
-                                  "smoke")
+        runner.resolve_parameters(
+            runner.select_notebooks(["00"]), runner.load_profile("smoke"), {"DEVICE": value}, "smoke"
+        )
 
 
 def test_a_random_target_stamps_every_figure_and_records_it(tmp_path):

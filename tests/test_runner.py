@@ -37,9 +37,22 @@ def test_wrong_type_fails():
 
 def test_cli_rejects_bad_parameter_with_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", "run", "00", "--profile", "smoke", "-p", "DEVISE", "cpu",
-         "--results", str(tmp_path)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "draftlab.cli",
+            "run",
+            "00",
+            "--profile",
+            "smoke",
+            "-p",
+            "DEVISE",
+            "cpu",
+            "--results",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "DEVISE" in proc.stderr and "DEVICE" in proc.stderr
@@ -64,8 +77,9 @@ def test_run_environment_check_smoke(tmp_path):
 
 def test_rerun_of_one_stage_keeps_the_other_stages_parameters(tmp_path):
     run_dir = runner.run_notebooks(["00"], "smoke", {"SEED": 3}, run_id="t", results_dir=tmp_path)
-    (run_dir / "params.yaml").write_text(yaml.safe_dump(
-        {"notebooks": {"99_other": {"SEED": 1}, "00_environment_check": {"SEED": 0}}}))
+    (run_dir / "params.yaml").write_text(
+        yaml.safe_dump({"notebooks": {"99_other": {"SEED": 1}, "00_environment_check": {"SEED": 0}}})
+    )
     runner.run_notebooks(["00"], "smoke", {"SEED": 4}, run_id="t", results_dir=tmp_path)
     notebooks = yaml.safe_load((run_dir / "params.yaml").read_text())["notebooks"]
     assert notebooks["99_other"] == {"SEED": 1}

@@ -12,10 +12,16 @@ from draftlab.core.records import conversation_id
 
 
 def _conversation(k: int, t_done: float) -> dict:
-    messages = [{"role": "user", "content": f"Write a function number {k} that adds {k} to x."},
-                {"role": "assistant", "content": f"def add_{k}(x):\n    return x + {k}\n"}]
-    return {"id": conversation_id(messages, "fixture"), "source": "fixture", "messages": messages,
-            "meta": {"regen": {"completion_tokens": [12 + k % 5], "t_done": t_done}}}
+    messages = [
+        {"role": "user", "content": f"Write a function number {k} that adds {k} to x."},
+        {"role": "assistant", "content": f"def add_{k}(x):\n    return x + {k}\n"},
+    ]
+    return {
+        "id": conversation_id(messages, "fixture"),
+        "source": "fixture",
+        "messages": messages,
+        "meta": {"regen": {"completion_tokens": [12 + k % 5], "t_done": t_done}},
+    }
 
 
 def _regen_dir(run_dir, n_train: int, n_val: int | None):
@@ -24,8 +30,7 @@ def _regen_dir(run_dir, n_train: int, n_val: int | None):
     t0 = 1_000_000.0
     (regen / "train.jsonl").write_text("".join(json.dumps(_conversation(k, t0 + k)) + "\n" for k in range(n_train)))
     if n_val:
-        (regen / "val.jsonl").write_text(
-            "".join(json.dumps(_conversation(1000 + k, t0)) + "\n" for k in range(n_val)))
+        (regen / "val.jsonl").write_text("".join(json.dumps(_conversation(1000 + k, t0)) + "\n" for k in range(n_val)))
     return regen
 
 
@@ -120,8 +125,17 @@ def test_extrapolation_prices_regeneration(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"03_regenerate": {"summary": {"tok_s": 500.0}}}))
     regen = scaling.regen_throughput(tmp_path)
     assert regen["tok_s"] == 500.0 and regen["mean_completion_tokens"] == pytest.approx(14.0)
-    results = [{"arch": "eagle3", "n": n, "source": "scaling", "sim_accept_len": 1.2 + 0.3 * np.log10(n),
-                "sim_accept_len_se": 0.02, "train_s": n * 0.01} for n in (100, 200, 500, 1000)]
+    results = [
+        {
+            "arch": "eagle3",
+            "n": n,
+            "source": "scaling",
+            "sim_accept_len": 1.2 + 0.3 * np.log10(n),
+            "sim_accept_len_se": 0.02,
+            "train_s": n * 0.01,
+        }
+        for n in (100, 200, 500, 1000)
+    ]
     fits = scaling.fit_all(results)
     extra = scaling.extrapolate(fits, results, regen, factor=10, goal=4.0)["eagle3"]
     assert extra["n_new"] == 10000 and extra["extra_conversations"] == 9000
@@ -146,14 +160,27 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
     scaling.print_notes([])
     scaling.print_regeneration({"tok_s": None, "tok_s_source": "none", "mean_completion_tokens": 14.0})
     assert capsys.readouterr().out.splitlines() == [
-        "training rows available: 1,234; subsets: [4, 8]; held-out: v.jsonl", "recipe: {'lr': 0.001}",
-        "note: capped", "note: recipe note", "regeneration: nan completion tok/s (none), 14 completion tokens "
-        "per conversation"]
+        "training rows available: 1,234; subsets: [4, 8]; held-out: v.jsonl",
+        "recipe: {'lr': 0.001}",
+        "note: capped",
+        "note: recipe note",
+        "regeneration: nan completion tok/s (none), 14 completion tokens per conversation",
+    ]
     assert scaling.points_from_04(tmp_path, {}, include=False) == ([], [])
     assert scaling.points_from_04(tmp_path, {})[1]  # included: says why 04's drafts are not points
 
-    results = [{"arch": "eagle3", "n": n, "source": "scaling", "sim_accept_len": 1.2 + 0.3 * np.log10(n),
-                "sim_accept_len_se": 0.02, "draft_dir": "d", "key": "k"} for n in (100, 200, 500, 1000)]
+    results = [
+        {
+            "arch": "eagle3",
+            "n": n,
+            "source": "scaling",
+            "sim_accept_len": 1.2 + 0.3 * np.log10(n),
+            "sim_accept_len_se": 0.02,
+            "draft_dir": "d",
+            "key": "k",
+        }
+        for n in (100, 200, 500, 1000)
+    ]
     regen = {"tok_s": 500.0, "tok_s_source": "x", "mean_completion_tokens": 14.0}
     extra = scaling.extrapolate(scaling.fit_all(results), results, regen, 10, 4.0)
     assert scaling.plot_chain_scaling(results, {}, 10, 4.0, 6) is None
@@ -164,9 +191,15 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
     lines = scaling.study_findings(results, extra, {}, [])
     assert lines == scaling.findings(results, extra, []) and "real chain decoding:" not in lines
 
-    chain = [{**r, "chain_acceptance_length": r["sim_accept_len"] - 0.1, "chain_acceptance_length_se": 0.05,
-              "chain_position_acceptance": [0.5] * 6}
-             for r in results]
+    chain = [
+        {
+            **r,
+            "chain_acceptance_length": r["sim_accept_len"] - 0.1,
+            "chain_acceptance_length_se": 0.05,
+            "chain_position_acceptance": [0.5] * 6,
+        }
+        for r in results
+    ]
     chain_fits = scaling.fit_all(chain, "chain_acceptance_length")
     chain_extra = scaling.extrapolate(chain_fits, chain, regen, 10, 4.0)
     fig = scaling.plot_chain_scaling(chain, chain_fits, 10, 4.0, 6)
@@ -179,8 +212,18 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
     assert "draft_dir" not in m["results"][0] and "key" not in m["results"][0] and m["sizes"] == [4, 8]
 
 
-SMOKE_TRAIN = {"epochs": 1.0, "draft_vocab_size": 256, "max_len": 64, "ttt_steps": 2, "batch_tokens": 256,
-               "max_batch": 4, "lr": 1e-3, "log_every": 1, "save_every": 2, "threads": 1}
+SMOKE_TRAIN = {
+    "epochs": 1.0,
+    "draft_vocab_size": 256,
+    "max_len": 64,
+    "ttt_steps": 2,
+    "batch_tokens": 256,
+    "max_batch": 4,
+    "lr": 1e-3,
+    "log_every": 1,
+    "save_every": 2,
+    "threads": 1,
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -197,8 +240,9 @@ def one_thread():
 def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
     _regen_dir(tmp_path, 24, 4)
     plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 8])
-    settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, spec_prompts=1, spec_steps=3,
-                                     spec_max_new_tokens=6)
+    settings = scaling.StudySettings(
+        train=SMOKE_TRAIN, val_samples=4, spec_prompts=1, spec_steps=3, spec_max_new_tokens=6
+    )
     t0 = time.monotonic()
     out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
     first = time.monotonic() - t0
@@ -216,8 +260,10 @@ def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
     assert time.monotonic() - t0 < first
     # other settings are other results (not silently reused)
     other = scaling.StudySettings(train={**SMOKE_TRAIN, "lr": 5e-4}, val_samples=4)
-    keys = {scaling.settings_key("eagle3", 4, {**s.train, "train_file_rows": plan.available}, s.eval_settings())
-            for s in (settings, other)}
+    keys = {
+        scaling.settings_key("eagle3", 4, {**s.train, "train_file_rows": plan.available}, s.eval_settings())
+        for s in (settings, other)
+    }
     assert len(keys) == 2
 
 
@@ -228,8 +274,9 @@ def test_side_by_side_study_measures_what_the_sequential_one_does(tmp_path, tiny
     for mode in (False, True):
         plan = scaling.prepare(tmp_path, tmp_path / f"scaling-{mode}", [4])
         settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, side_by_side=mode)
-        out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / f"scaling-{mode}", settings,
-                                progress=False)
+        out = scaling.run_study(
+            tiny_target, "tiny", "cpu", plan, tmp_path / f"scaling-{mode}", settings, progress=False
+        )
         rows[mode] = {r["arch"]: r for r in out["results"]}
     assert set(rows[True]) == {"eagle3", "eagle1"}
     for arch, r in rows[True].items():
@@ -302,8 +349,9 @@ def test_study_on_cuda_bf16_with_graphs(tmp_path):
     target = load_target("tiny", device="cuda")
     _regen_dir(tmp_path, 16, 4)
     plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 8])
-    settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, spec_prompts=2, spec_steps=6,
-                                     spec_max_new_tokens=16)
+    settings = scaling.StudySettings(
+        train=SMOKE_TRAIN, val_samples=4, spec_prompts=2, spec_steps=6, spec_max_new_tokens=16
+    )
     out = scaling.run_study(target, "tiny", "cuda", plan, tmp_path / "scaling", settings, progress=False)
     assert len(out["results"]) == 4
     for r in out["results"]:

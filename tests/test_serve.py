@@ -18,8 +18,7 @@ def test_free_port_is_bindable():
 
 
 def test_sglang_commands_share_max_running_requests():
-    cmds = serve.sglang_commands("/models/target", "/drafts/eagle3", max_running_requests=64,
-                                 num_steps=5, topk=1)
+    cmds = serve.sglang_commands("/models/target", "/drafts/eagle3", max_running_requests=64, num_steps=5, topk=1)
     base, spec = parse_launch(cmds["baseline"]), parse_launch(cmds["eagle3"])
     assert base.max_running_requests == spec.max_running_requests == 64
     assert not base.is_speculative and spec.speculative_algorithm == "EAGLE3"
@@ -53,8 +52,11 @@ def test_tiny_server_serves_and_stops(tmp_path):
     with serve.LocalServer(tiny_folder(), log_path=log) as srv:
         pid = srv.proc.pid
         assert srv.alive() and srv.base_url.startswith("http://127.0.0.1:")
-        r = httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=60, json={
-            "model": srv.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        r = httpx.post(
+            f"{srv.base_url}/v1/chat/completions",
+            timeout=60,
+            json={"model": srv.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
         body = r.json()
         assert r.status_code == 200, body
         assert body["usage"]["completion_tokens"] == 4
@@ -106,8 +108,8 @@ def test_transformers_serve_dies_with_a_sigkilled_parent(tmp_path):
     parent = textwrap.dedent(f"""
         import time
         from draftlab.core.serve import LocalServer
-        srv = LocalServer({str(tiny_folder())!r}, log_path={str(tmp_path / 'serve.log')!r}, threads=1,
-                          registry={str(tmp_path / 'registry')!r}).start()
+        srv = LocalServer({str(tiny_folder())!r}, log_path={str(tmp_path / "serve.log")!r}, threads=1,
+                          registry={str(tmp_path / "registry")!r}).start()
         print(srv.pid, flush=True)
         time.sleep(600)
     """)
@@ -120,5 +122,6 @@ def test_transformers_serve_dies_with_a_sigkilled_parent(tmp_path):
     deadline = time.monotonic() + 15
     while not group_gone(child) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert group_gone(child) or open(f"/proc/{child}/stat").read().split()[2] == "Z", \
+    assert group_gone(child) or open(f"/proc/{child}/stat").read().split()[2] == "Z", (
         "transformers serve outlived its SIGKILLed parent"
+    )

@@ -238,8 +238,18 @@ def test_run_summary_keys_come_from_the_study_the_oracle_and_03(tmp_path):
     )
     # an engine run over a different number of prompts is not a gap on the same prompt ids: skipped
     (tmp_path / "sglang" / "oracle_other.json").write_text(
-        json.dumps([{"mode": "EAGLE3", "num_steps": 6, "topk": 1, "num_draft_tokens": 7, "acceptance_length": 9.9,
-                     "samples": 64}])
+        json.dumps(
+            [
+                {
+                    "mode": "EAGLE3",
+                    "num_steps": 6,
+                    "topk": 1,
+                    "num_draft_tokens": 7,
+                    "acceptance_length": 9.9,
+                    "samples": 64,
+                }
+            ]
+        )
     )
     metrics = {"03_regenerate": {"backend": "server", "splits": {"train": {"tok_s": 41000.0, "rows_done": 10}}}}
     s, src = sglang_summary(tmp_path, metrics)
@@ -261,8 +271,9 @@ def test_break_even_beside_the_engine_draws_both_fits(tmp_path):
 
     _write_result(tmp_path, "baseline", 800.0, 8000, None, [[1]])
     for s, acc in ((1, 1.7), (3, 2.4)):
-        _write_result(tmp_path, f"EAGLE3 S{s} K1 D{s + 1}", acc * 800 / (1.2 + 0.25 * s), int(acc * 1000), 1000, [[1]],
-                      steps=s)
+        _write_result(
+            tmp_path, f"EAGLE3 S{s} K1 D{s + 1}", acc * 800 / (1.2 + 0.25 * s), int(acc * 1000), 1000, [[1]], steps=s
+        )
     rows = [json.loads(x) for x in (tmp_path / "windows.jsonl").read_text().splitlines()]
     for r in rows:
         r.update(algorithm=None if r["label"] == "baseline" else "EAGLE3", topk=None if r["label"] == "baseline" else 1)

@@ -200,6 +200,8 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "acceptance_length"] == pytest.approx(8 / 5)  # 3+3+2 tokens, 2+2+1 steps
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "identical"] == 3  # same fixture outputs as the baseline
     assert (
-        live.measure([entries[0], entries[2]], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3,
-                     server=server) == []
+        live.measure(
+            [entries[0], entries[2]], prompts, tmp_path / "out", repeats=2, warmup=1, max_new_tokens=3, server=server
+        )
+        == []
     )

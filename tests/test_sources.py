@@ -62,12 +62,19 @@ def test_datasets_load_dataset_gives_the_same_conversations(name):
 def test_draftlabs_own_conversations_keep_their_meta():
     """A blend's output read back as a source (the reference held-out split) keeps the definition each
     prompt came from, which decontamination by definition needs; nested values and provenance are not copied."""
-    row = {"messages": [{"role": "user", "content": "Explain `pkg.f`."}],
-           "meta": {"package": "pkg", "qualname": "f", "template": "explain", "line": 99, "nested": {"a": 1}}}
+    row = {
+        "messages": [{"role": "user", "content": "Explain `pkg.f`."}],
+        "meta": {"package": "pkg", "qualname": "f", "template": "explain", "line": 99, "nested": {"a": 1}},
+    }
     (conv,) = S.normalize([row], "ref", S.ADAPTERS[0]).conversations
     assert S.ADAPTERS[0].name == "openai_messages"
-    assert conv["meta"] == {"package": "pkg", "qualname": "f", "template": "explain", "line": 1,
-                            "adapter": "openai_messages"}
+    assert conv["meta"] == {
+        "package": "pkg",
+        "qualname": "f",
+        "template": "explain",
+        "line": 1,
+        "adapter": "openai_messages",
+    }
 
 
 def test_alpaca_input_is_appended_only_when_present():
@@ -192,7 +199,7 @@ def test_definitions_in_a_file(tmp_path):
     src.write_text(
         'def public(a, b=1) -> int:\n    """Add two numbers together and return the sum."""\n    return a + b\n\n'
         'def _private():\n    """A private helper that must not be listed at all."""\n\n'
-        'def undocumented():\n    pass\n\n'
+        "def undocumented():\n    pass\n\n"
         'class Box:\n    """A box that holds one value for later use."""\n'
         '    def get(self):\n        """Return the value that the box is holding."""\n'
     )
@@ -231,8 +238,9 @@ def test_more_templates_add_prompts_per_definition_and_keep_the_first():
     for r in one:  # each definition's first prompt is the one-template source's prompt
         assert by_def[(r["meta"]["module"], r["meta"]["qualname"])][0]["messages"] == r["messages"]
     for rows in by_def.values():  # distinct templates, 3 for a class and 4 for a function or method
-        assert len({x["meta"]["template"] for x in rows}) == len(rows) == (3 if rows[0]["meta"]["kind"] == "class"
-                                                                           else 4)
+        assert (
+            len({x["meta"]["template"] for x in rows}) == len(rows) == (3 if rows[0]["meta"]["kind"] == "class" else 4)
+        )
     assert len({r["id"] for r in all_}) == len(all_)
 
 
@@ -241,7 +249,8 @@ def test_templates_must_be_a_positive_integer(tmp_path):
 
     for bad in ("0", "two", "1.5"):
         path = tmp_path / "s.yaml"
-        path.write_text("total: 10\nsources:\n  - name: d\n    kind: docstrings\n    weight: 1\n"
-                        f"    templates: {bad}\n")
+        path.write_text(
+            f"total: 10\nsources:\n  - name: d\n    kind: docstrings\n    weight: 1\n    templates: {bad}\n"
+        )
         with pytest.raises(BlendSpecError, match="templates"):
             load_spec(path)

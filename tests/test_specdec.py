@@ -12,9 +12,18 @@ from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import final_feature, target_states
 
 PROMPTS = [
-    "Hello there", "Write a poem about cats.", "What is 2+2?", "def f(x):", "Tell me a joke.",
-    "List three colours.", "Translate 'bonjour' to English.", "Why is the sky blue?",
-    "import numpy as np", "Summarise: the cat sat on the mat.", "Count to five.", "Name a prime number.",
+    "Hello there",
+    "Write a poem about cats.",
+    "What is 2+2?",
+    "def f(x):",
+    "Tell me a joke.",
+    "List three colours.",
+    "Translate 'bonjour' to English.",
+    "Why is the sky blue?",
+    "import numpy as np",
+    "Summarise: the cat sat on the mat.",
+    "Count to five.",
+    "Name a prime number.",
 ]
 MAX_NEW = 24
 
@@ -38,7 +47,7 @@ def hf_greedy(target, ids, max_new):
             eos_token_id=target.eos_token_ids,
             pad_token_id=target.eos_token_ids[0],
         )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +133,9 @@ def test_runner_features_match_hidden_module(tiny_target, prompt_ids):
         runner = sd.TargetRunner(tiny_target, feature, max_len=128)
         n = len(ids)
         with torch.no_grad():
-            greedy, feats = runner.step(torch.tensor([ids]), torch.arange(n)[None], torch.tensor([0]),
-                                        torch.ones(n, n, dtype=torch.bool).tril())
+            greedy, feats = runner.step(
+                torch.tensor([ids]), torch.arange(n)[None], torch.tensor([0]), torch.ones(n, n, dtype=torch.bool).tril()
+            )
         runner.close()
         torch.testing.assert_close(feats, want[0], rtol=1e-5, atol=1e-5)
 
@@ -137,8 +147,9 @@ def test_draft_over_slot_cache_equals_dynamic_cache(tiny_target, draft, prompt_i
     aux, _, _ = target_states(tiny_target, torch.tensor([ids]))
     runner = sd.DraftRunner(draft, tiny_target, sd.SpecConfig(mode="EAGLE3", num_steps=4), max_len=128)
     with torch.no_grad():
-        got = runner.chain(torch.tensor([ids[1:] + [7]]), aux, torch.tensor([0]),
-                           torch.ones(n, n, dtype=torch.bool).tril()).tolist()
+        got = runner.chain(
+            torch.tensor([ids[1:] + [7]]), aux, torch.tensor([0]), torch.ones(n, n, dtype=torch.bool).tril()
+        ).tolist()
         logits, hidden, cache = draft(torch.tensor([ids[1:] + [7]]), draft.project(aux), torch.arange(n)[None])
         want, h, tok = [], hidden[:, -1:], draft.to_target_ids(logits[:, -1:].argmax(-1))
         want.append(int(tok))
@@ -174,8 +185,14 @@ def test_config_checks():
 
 
 def test_compare_reports_speedup_and_losslessness(tiny_target, draft, prompt_ids):
-    res = sd.compare(tiny_target, draft, prompt_ids[:4], sd.SpecConfig(num_steps=2, max_new_tokens=12),
-                     eval_set="unit", progress=False)
+    res = sd.compare(
+        tiny_target,
+        draft,
+        prompt_ids[:4],
+        sd.SpecConfig(num_steps=2, max_new_tokens=12),
+        eval_set="unit",
+        progress=False,
+    )
     assert res["lossless"] and res["identical_outputs"] == 4 and res["samples"] == 4
     assert res["speedup"] > 0 and res["eval_set"] == "unit"
     assert res["speculative"]["completion_tokens"] == res["greedy"]["completion_tokens"]
@@ -184,8 +201,12 @@ def test_compare_reports_speedup_and_losslessness(tiny_target, draft, prompt_ids
 @pytest.mark.slow
 def test_embedded_target_lossless_fp32(embedded_target):
     """The real 30-layer target in fp32: chain and tree, a random draft, against generate."""
-    prompts = ["What is the capital of France?", "Write a Python function that adds two numbers.",
-               "Give me three tips for sleeping well.", "Explain recursion in one sentence."]
+    prompts = [
+        "What is the capital of France?",
+        "Write a Python function that adds two numbers.",
+        "Give me three tips for sleeping well.",
+        "Explain recursion in one sentence.",
+    ]
     ids = sd.encode_prompts(embedded_target, prompts)
     ref = [hf_greedy(embedded_target, p, 32) for p in ids]
     common = [t for t, _ in Counter(t for r in ref for t in r).most_common(64)]
@@ -208,8 +229,12 @@ def test_cuda_graphs_match_eager_fp32():
     draft = random_draft(target, common).cuda()
     for graphs in (False, True):
         for tree in ({}, dict(topk=3, num_draft_tokens=8)):
-            engine = sd.SpecEngine(target, draft, sd.SpecConfig(num_steps=3, max_new_tokens=MAX_NEW, cuda_graphs=graphs,
-                                                                **tree), max_len=256)
+            engine = sd.SpecEngine(
+                target,
+                draft,
+                sd.SpecConfig(num_steps=3, max_new_tokens=MAX_NEW, cuda_graphs=graphs, **tree),
+                max_len=256,
+            )
             engine.capture()
             assert [engine.greedy(p).tokens for p in ids] == ref
             assert [engine.speculative(p).tokens for p in ids] == ref
@@ -239,8 +264,9 @@ class FakeGraphed:
 def test_graph_plumbing_is_lossless_with_static_buffers(tiny_target, draft, prompt_ids, reference, monkeypatch):
     """The CUDA-graph code path (captured up front, static buffers reused) run on the CPU."""
     monkeypatch.setattr(runners, "Graphed", FakeGraphed)
-    engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(num_steps=4, max_new_tokens=MAX_NEW, cuda_graphs=True),
-                           max_len=256)
+    engine = sd.SpecEngine(
+        tiny_target, draft, sd.SpecConfig(num_steps=4, max_new_tokens=MAX_NEW, cuda_graphs=True), max_len=256
+    )
     engine.capture()
     assert sorted(engine.runner.graphs) == [1, 5] and sorted(engine.draft_runner.graphs) == [1, 2, 3, 4, 5]
     assert [engine.greedy(p).tokens for p in prompt_ids] == reference
@@ -290,8 +316,12 @@ def test_prefill_graphs_are_captured_before_the_prompts(tiny_target, draft, prom
     """capture(prompt_lengths) records one target and one draft prefill graph per bucket, so a timed
     run never captures; replaying them is lossless."""
     monkeypatch.setattr(runners, "Graphed", FakeGraphed)
-    engine = sd.SpecEngine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=MAX_NEW, cuda_graphs=True,
-                                                            prefill_bucket=16), max_len=256)
+    engine = sd.SpecEngine(
+        tiny_target,
+        draft,
+        sd.SpecConfig(num_steps=2, max_new_tokens=MAX_NEW, cuda_graphs=True, prefill_bucket=16),
+        max_len=256,
+    )
     engine.capture([len(p) for p in prompt_ids])
     buckets = {-(-len(p) // 16) * 16 for p in prompt_ids}
     assert set(engine.runner.graphs) == {1, 3} | buckets
@@ -334,8 +364,9 @@ def test_graph_replay_that_differs_from_eager_is_refused(tiny_target, draft, pro
     monkeypatch.setattr(runners, "Graphed", WrongGraphed)
     runs._GRAPHS_CHECKED.clear()
     with pytest.warns(UserWarning, match="differs|decoded"):
-        engine = sd.graphed_engine(tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True),
-                                   256, prompt_ids[0])
+        engine = sd.graphed_engine(
+            tiny_target, draft, sd.SpecConfig(num_steps=2, max_new_tokens=8, cuda_graphs=True), 256, prompt_ids[0]
+        )
     assert not engine.use_graphs and engine.graph_error.startswith("RuntimeError: graph replay decoded")
     engine.close()
 

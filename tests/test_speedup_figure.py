@@ -18,8 +18,18 @@ ROOT = Path(__file__).parents[1]
 
 def row(S, K, D, speedup, same, n=16, dtype="bfloat16", arch="eagle3"):
     """A metrics.json table row, as 06 records it."""
-    return {"eval_set": "blend", "arch": arch, "mode": "EAGLE3", "dtype": dtype, "samples": n, "S": S, "K": K,
-            "D": D, "speedup": speedup, "lossless": f"{same}/{n}"}
+    return {
+        "eval_set": "blend",
+        "arch": arch,
+        "mode": "EAGLE3",
+        "dtype": dtype,
+        "samples": n,
+        "S": S,
+        "K": K,
+        "D": D,
+        "speedup": speedup,
+        "lossless": f"{same}/{n}",
+    }
 
 
 def drawn(ax):
@@ -34,8 +44,13 @@ def drawn(ax):
 def test_a_run_that_is_not_lossless_is_hollow_red_and_labelled():
     import matplotlib.colors as mcolors
 
-    rows = [row(3, 1, 4, 1.43, 16), row(4, 1, 5, 1.44, 16), row(6, 1, 7, 1.35, 16),
-            row(6, 8, 64, 1.52, 3, arch="eagle3 tree K=8 D=64"), row(7, 1, 8, 1.30, 12)]
+    rows = [
+        row(3, 1, 4, 1.43, 16),
+        row(4, 1, 5, 1.44, 16),
+        row(6, 1, 7, 1.35, 16),
+        row(6, 8, 64, 1.52, 3, arch="eagle3 tree K=8 D=64"),
+        row(7, 1, 8, 1.30, 12),
+    ]
     fig = report.plot_speedup_by_chain(rows)
     ax = fig.axes[0]
     chain = [line for line in ax.lines if line.get_label().startswith("eagle3 chain")]
@@ -69,8 +84,17 @@ def test_the_readme_figure_is_drawn_from_the_published_runs_metrics():
 
 def test_engine_rows_are_read_too():
     """Notebook 06 passes engine.public rows (num_steps, topk, identical_outputs), not table rows."""
-    r = {"eval_set": "blend", "arch": "eagle3", "dtype": "float32", "samples": 2, "num_steps": 3, "topk": 1,
-         "num_draft_tokens": 4, "speedup": 1.2, "identical_outputs": 1}
+    r = {
+        "eval_set": "blend",
+        "arch": "eagle3",
+        "dtype": "float32",
+        "samples": 2,
+        "num_steps": 3,
+        "topk": 1,
+        "num_draft_tokens": 4,
+        "speedup": 1.2,
+        "identical_outputs": 1,
+    }
     assert report.run_point(r) == (3, 1, 4, 1.2, 1, 2)
     fig = report.plot_speedup_by_chain([r])
     assert [t.get_text() for t in fig.axes[0].texts] == ["1/2"]

@@ -25,9 +25,14 @@ def run_dir(tmp_path_factory, tiny_target):
         export_draft(draft, root / "drafts" / arch, dtype="float32")
     blend = root / "data" / "blend"
     blend.mkdir(parents=True)
-    rows = [{"id": f"r{i}", "source": "test", "messages": [{"role": "user", "content": p},
-                                                           {"role": "assistant", "content": "ok"}]}
-            for i, p in enumerate(PROMPTS)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "source": "test",
+            "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "ok"}],
+        }
+        for i, p in enumerate(PROMPTS)
+    ]
     (blend / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -40,27 +45,62 @@ def test_notebook_06_runs(run_dir, tiny_target):
     first = "blend"
 
     main, greedy = sweeps.runs_by_set(tiny_target, drafts, sets, steps, new)
-    assert [(r["eval_set"], r["arch"]) for r in main] == [("blend", "eagle3"), ("blend", "eagle1"),
-                                                         ("humaneval", "eagle3"), ("humaneval", "eagle1")]
+    assert [(r["eval_set"], r["arch"]) for r in main] == [
+        ("blend", "eagle3"),
+        ("blend", "eagle1"),
+        ("humaneval", "eagle3"),
+        ("humaneval", "eagle1"),
+    ]
     assert set(greedy) == {"blend", "humaneval"}
     wrong = sweeps.wrong_mode_runs(tiny_target, drafts, sets[first], first, greedy[first], steps, new)
     assert [r["mode"] for r in wrong] == ["EAGLE"]
-    chain = sweeps.runs_by_chain(tiny_target, drafts, ["eagle3"], sets[first], first, chain_steps, main,
-                                 greedy[first], new)
+    chain = sweeps.runs_by_chain(
+        tiny_target, drafts, ["eagle3"], sets[first], first, chain_steps, main, greedy[first], new
+    )
     assert [r["num_steps"] for r in chain] == chain_steps
     assert chain[1] is main[0]  # S = 2 on the first set was measured in section 2 already
     lookup_rows = sweeps.lookup_by_chain(sets[first], greedy[first], first, chain_steps)
     assert all(r["acceptance_length"] >= 1.0 for r in lookup_rows)
     lookup_main = sweeps.lookup_by_set(sets, greedy, steps)
 
-    assert sweeps.fast_dtype_runs("tiny", "cpu", "float32", "", run_dir / "drafts" / "eagle3", "eagle3",
-                                  sets[first], first, chain_steps, [], [2, 3], steps, new) == []
-    fast = sweeps.fast_dtype_runs("tiny", "cpu", "float32", "bfloat16", run_dir / "drafts" / "eagle3", "eagle3",
-                                  sets[first], first, chain_steps, [], [2, 3], steps, new)
+    assert (
+        sweeps.fast_dtype_runs(
+            "tiny",
+            "cpu",
+            "float32",
+            "",
+            run_dir / "drafts" / "eagle3",
+            "eagle3",
+            sets[first],
+            first,
+            chain_steps,
+            [],
+            [2, 3],
+            steps,
+            new,
+        )
+        == []
+    )
+    fast = sweeps.fast_dtype_runs(
+        "tiny",
+        "cpu",
+        "float32",
+        "bfloat16",
+        run_dir / "drafts" / "eagle3",
+        "eagle3",
+        sets[first],
+        first,
+        chain_steps,
+        [],
+        [2, 3],
+        steps,
+        new,
+    )
     assert [r["arch"] for r in fast] == ["eagle3", "eagle3", "eagle3 tree K=2 D=3"]
     assert {r["dtype"] for r in fast} == {"bfloat16"}
-    tree = sweeps.tree_runs(tiny_target, drafts["eagle3"], "eagle3", sets[first], first, greedy[first], [2, 3],
-                            steps, new)
+    tree = sweeps.tree_runs(
+        tiny_target, drafts["eagle3"], "eagle3", sets[first], first, greedy[first], [2, 3], steps, new
+    )
     assert tree[0]["topk"] == 2 and sweeps.tree_runs(tiny_target, None, "x", [], first, [], [], steps, new) == []
 
     fits, checks, model_arch = sweeps.breakeven_fits(chain, ["eagle3"])
@@ -75,9 +115,23 @@ def test_notebook_06_runs(run_dir, tiny_target):
     assert sweeps.plot_speedup_dtypes(chain, fast, "eagle3").axes
     assert list(report.shown(fast, columns=["arch", "dtype"]).columns) == ["arch", "dtype"]
 
-    m = sweeps.metrics(device="cpu", dtype="float32", max_new_tokens=new, sets=sets, main=main, wrong=wrong,
-                       chain=chain, fast=fast, lookup_main=lookup_main, lookup_rows=lookup_rows, tree=tree,
-                       fits=fits, checks=checks, example={}, live=None)
+    m = sweeps.metrics(
+        device="cpu",
+        dtype="float32",
+        max_new_tokens=new,
+        sets=sets,
+        main=main,
+        wrong=wrong,
+        chain=chain,
+        fast=fast,
+        lookup_main=lookup_main,
+        lookup_rows=lookup_rows,
+        tree=tree,
+        fits=fits,
+        checks=checks,
+        example={},
+        live=None,
+    )
     assert m["lossless"] is True  # fp32 greedy verification emits exactly the target's greedy tokens
     assert len(m["by_set"]) == 4 and m["tree"] and m["by_chain_fast_dtype"]
     json.dumps(m, default=str)

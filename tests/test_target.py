@@ -70,7 +70,7 @@ def test_embedded_target(embedded_target):
     assert stamp["sha256"] == tg.EMBEDDED_SHA256
     ids = t.tokenizer(t.render([{"role": "user", "content": "What is 2+2?"}], True), return_tensors="pt")
     out = t.model.generate(**ids, max_new_tokens=16, do_sample=False)
-    assert "4" in t.tokenizer.decode(out[0, ids.input_ids.shape[1]:])
+    assert "4" in t.tokenizer.decode(out[0, ids.input_ids.shape[1] :])
 
 
 @pytest.mark.slow

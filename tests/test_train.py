@@ -23,12 +23,18 @@ def write_fixture(folder, n_train: int = 32, n_val: int = 8, new_tokens: int = 2
     rng = random.Random(0)
     words = "the a cat dog runs jumps over lazy quick brown fox python code function returns list".split()
     prompts = [[{"role": "user", "content": " ".join(rng.choices(words, k=6)) + "?"}] for _ in range(n_train + n_val)]
-    enc = tok([t.render(p, add_generation_prompt=True) for p in prompts], return_tensors="pt", padding=True,
-              add_special_tokens=False)
+    enc = tok(
+        [t.render(p, add_generation_prompt=True) for p in prompts],
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
     with torch.no_grad():
         out = t.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    rows = [make_conversation(p + [{"role": "assistant", "content": tok.decode(o, skip_special_tokens=True)}], "tiny")
-            for p, o in zip(prompts, out[:, enc["input_ids"].shape[1]:])]
+    rows = [
+        make_conversation(p + [{"role": "assistant", "content": tok.decode(o, skip_special_tokens=True)}], "tiny")
+        for p, o in zip(prompts, out[:, enc["input_ids"].shape[1] :])
+    ]
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl(folder / "train.jsonl", rows[:n_train])
     write_jsonl(folder / "val.jsonl", rows[n_train:])
@@ -41,9 +47,23 @@ def fixture_files(tmp_path_factory):
 
 
 def small_config(files, out_dir, **kw):
-    base = dict(train_file=str(files[0]), val_file=str(files[1]), out_dir=str(out_dir), target="tiny", device="cpu",
-                draft_vocab_size=512, epochs=2, batch_tokens=512, max_batch=8, ttt_steps=3, lr=3e-3,
-                log_every=1, eval_every=4, save_every=3, init_from_target=False)
+    base = dict(
+        train_file=str(files[0]),
+        val_file=str(files[1]),
+        out_dir=str(out_dir),
+        target="tiny",
+        device="cpu",
+        draft_vocab_size=512,
+        epochs=2,
+        batch_tokens=512,
+        max_batch=8,
+        ttt_steps=3,
+        lr=3e-3,
+        log_every=1,
+        eval_every=4,
+        save_every=3,
+        init_from_target=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -80,7 +100,10 @@ def test_training_learns_and_logs(fixture_files, tmp_path):
     assert (out / "tb").is_dir() and any((out / "tb").iterdir())
     assert (out / "latest").read_text().strip() == f"ckpt-{r['total_steps']:07d}"
     assert set(p.name for p in (out / (out / "latest").read_text().strip()).iterdir()) == {
-        "draft.safetensors", "optimizer.safetensors", "state.json"}
+        "draft.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+    }
     vocab = json.loads((out / "vocab.json").read_text())
     assert len(vocab["draft_ids"]) == 512 and vocab["draft_ids"] == sorted(vocab["draft_ids"])
 
@@ -146,10 +169,26 @@ def test_rounded_batch_length_trains_the_same_draft(fixture_files, tmp_path):
     ids, valid, loss = collate(type("D", (), {"__getitem__": lambda self, i: rows})(), [0, 1], 0, multiple=8)
     assert ids.shape == (2, 8) and valid.sum() == 5 and loss.sum() == 3 and not valid[:, 3:].any()
     for hidden in ("online", "offline"):
-        one = train(small_config(fixture_files, tmp_path / hidden / "p1" / "eagle3", epochs=1, stop_after=3,
-                                 hidden=hidden, pad_multiple=1))
-        wide = train(small_config(fixture_files, tmp_path / hidden / "p16" / "eagle3", epochs=1, stop_after=3,
-                                  hidden=hidden, pad_multiple=16))
+        one = train(
+            small_config(
+                fixture_files,
+                tmp_path / hidden / "p1" / "eagle3",
+                epochs=1,
+                stop_after=3,
+                hidden=hidden,
+                pad_multiple=1,
+            )
+        )
+        wide = train(
+            small_config(
+                fixture_files,
+                tmp_path / hidden / "p16" / "eagle3",
+                epochs=1,
+                stop_after=3,
+                hidden=hidden,
+                pad_multiple=16,
+            )
+        )
         for k, v in one["draft"].state_dict().items():
             assert torch.allclose(v.float(), wide["draft"].state_dict()[k].float(), atol=1e-5), (hidden, k)
     with pytest.raises(ValueError, match="attention"):
@@ -206,8 +245,10 @@ def test_side_by_side_equals_one_after_the_other(fixture_files, tmp_path):
     """Two archs trained at once in two processes give the weights of in-process training."""
     from draftlab.train_draft.parallel import train_side_by_side
 
-    cfgs = [small_config(fixture_files, tmp_path / "par" / arch, arch=arch, epochs=1, threads=1)
-            for arch in ("eagle3", "eagle1")]
+    cfgs = [
+        small_config(fixture_files, tmp_path / "par" / arch, arch=arch, epochs=1, threads=1)
+        for arch in ("eagle3", "eagle1")
+    ]
     par = train_side_by_side(cfgs, resume=True, poll_s=0.5)
     for c in cfgs:
         seq = train(small_config(fixture_files, tmp_path / "seq" / c.arch, arch=c.arch, epochs=1, threads=1))

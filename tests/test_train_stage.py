@@ -18,9 +18,21 @@ def run_dir(tmp_path_factory):
 
 
 def recipe(train_file, val_file):
-    return dict(train_file=str(train_file), val_file=str(val_file), target="tiny", device="cpu",
-                draft_vocab_size=256, epochs=1, batch_tokens=512, max_batch=8, ttt_steps=2, lr=3e-3,
-                log_every=1, eval_every=100, save_every=100)
+    return dict(
+        train_file=str(train_file),
+        val_file=str(val_file),
+        target="tiny",
+        device="cpu",
+        draft_vocab_size=256,
+        epochs=1,
+        batch_tokens=512,
+        max_batch=8,
+        ttt_steps=2,
+        lr=3e-3,
+        log_every=1,
+        eval_every=100,
+        save_every=100,
+    )
 
 
 def test_inputs_hold_out_rows_without_a_val_file(run_dir, tmp_path):

@@ -58,7 +58,7 @@ def _by_definition(draft, target, ids, valid, pred_mask, steps, decay, loss):
                     ces.append(-(torch.softmax(full[b, p, dids].float(), -1) * logp).sum())
                 else:
                     ces.append(-logp[int((dids == top).nonzero())])
-        total = total + decay ** i * torch.stack(ces).mean()
+        total = total + decay**i * torch.stack(ces).mean()
         counts.append((scored, trained))
     return total, counts
 

@@ -20,38 +20,80 @@ PACKAGE = Path(__file__).parent
 # seconds); tests/test_cli_help.py holds each line equal to the one its module registers.
 COMMANDS = {
     "run": ("draftlab.run.runner", "add_run_parser", "execute notebooks headlessly with papermill under a profile"),
-    "target": ("draftlab.environment_check.cli", "add_target_parser",
-               "prepare a target (convert/cache) and show its shape"),
-    "blend": ("draftlab.blend.cli", "add_blend_parser",
-              "blend prompt sources from a YAML spec into train/val/test files"),
-    "regenerate": ("draftlab.regenerate.cli", "add_regenerate_parser",
-                   "answer every prompt again with the target (resumable)"),
+    "target": (
+        "draftlab.environment_check.cli",
+        "add_target_parser",
+        "prepare a target (convert/cache) and show its shape",
+    ),
+    "blend": (
+        "draftlab.blend.cli",
+        "add_blend_parser",
+        "blend prompt sources from a YAML spec into train/val/test files",
+    ),
+    "regenerate": (
+        "draftlab.regenerate.cli",
+        "add_regenerate_parser",
+        "answer every prompt again with the target (resumable)",
+    ),
     "monitor": ("draftlab.regenerate.cli", "add_monitor_parser", "progress of a regeneration work folder"),
-    "train": ("draftlab.train_draft.cli", "add_train_parser",
-              "train an EAGLE-3 (or EAGLE-1-style) draft with training-time test"),
-    "export": ("draftlab.train_draft.cli", "add_export_parser",
-               "export a trained draft in SGLang's EAGLE-3 format and validate it"),
-    "doctor": ("draftlab.flag_diagnosis.cli", "add_doctor_parser",
-               "check a draft, its target and the SGLang flags for silent mismatches (or probe a server)"),
-    "recipes": ("draftlab.data_scaling.cli", "add_recipes_parser",
-                "the recipe study: one draft per recipe row, all measured in SGLang"),
-    "sglang": ("draftlab.sglang.cli", "add_sglang_parser",
-               "an offline SGLang bundle: build it here, install it on a machine without a network"),
+    "train": (
+        "draftlab.train_draft.cli",
+        "add_train_parser",
+        "train an EAGLE-3 (or EAGLE-1-style) draft with training-time test",
+    ),
+    "export": (
+        "draftlab.train_draft.cli",
+        "add_export_parser",
+        "export a trained draft in SGLang's EAGLE-3 format and validate it",
+    ),
+    "doctor": (
+        "draftlab.flag_diagnosis.cli",
+        "add_doctor_parser",
+        "check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
+    ),
+    "recipes": (
+        "draftlab.data_scaling.cli",
+        "add_recipes_parser",
+        "the recipe study: one draft per recipe row, all measured in SGLang",
+    ),
+    "sglang": (
+        "draftlab.sglang.cli",
+        "add_sglang_parser",
+        "an offline SGLang bundle: build it here, install it on a machine without a network",
+    ),
 }
 # `draftlab bench <what>`: each benchmark is owned by its stage's cli module.
 BENCHES = {
-    "blend": ("draftlab.blend.cli", "add_bench_blend_parser",
-              "benchmark the blend pipeline on synthetic conversations (rows/s)"),
-    "client": ("draftlab.regenerate.cli", "add_bench_client_parser",
-               "client overhead: draftlab regenerate vs bare openai-SDK gather"),
-    "generate": ("draftlab.regenerate.cli", "add_bench_generate_parser",
-                 "batch backend: output tokens/s of generate by batch size"),
-    "live": ("draftlab.benchmark_acceptance.cli", "add_bench_live_parser",
-             "tokens/s and acceptance length of live SGLang endpoints; sweep commands"),
-    "specdec": ("draftlab.benchmark_acceptance.cli", "add_bench_specdec_parser",
-                "reference engine: acceptance length and speedup over its own greedy"),
-    "sglang": ("draftlab.benchmark_acceptance.cli", "add_bench_sglang_parser",
-               "start SGLang servers (baseline, chain, trees, wrong flag) and measure them"),
+    "blend": (
+        "draftlab.blend.cli",
+        "add_bench_blend_parser",
+        "benchmark the blend pipeline on synthetic conversations (rows/s)",
+    ),
+    "client": (
+        "draftlab.regenerate.cli",
+        "add_bench_client_parser",
+        "client overhead: draftlab regenerate vs bare openai-SDK gather",
+    ),
+    "generate": (
+        "draftlab.regenerate.cli",
+        "add_bench_generate_parser",
+        "batch backend: output tokens/s of generate by batch size",
+    ),
+    "live": (
+        "draftlab.benchmark_acceptance.cli",
+        "add_bench_live_parser",
+        "tokens/s and acceptance length of live SGLang endpoints; sweep commands",
+    ),
+    "specdec": (
+        "draftlab.benchmark_acceptance.cli",
+        "add_bench_specdec_parser",
+        "reference engine: acceptance length and speedup over its own greedy",
+    ),
+    "sglang": (
+        "draftlab.benchmark_acceptance.cli",
+        "add_bench_sglang_parser",
+        "start SGLang servers (baseline, chain, trees, wrong flag) and measure them",
+    ),
 }
 BENCH_HELP = "benchmarks: blend, client, live servers, reference engine"
 
@@ -87,8 +129,7 @@ def build_parser(argv: list[str] | None = None, lazy: bool = True) -> argparse.A
     _register(subparsers, COMMANDS, command if command != "bench" else "", lazy=lazy and command is None)
     if command in (None, "bench"):
         bench_parser = subparsers.add_parser("bench", help=BENCH_HELP)
-        _register(bench_parser.add_subparsers(dest="bench", required=True), BENCHES, bench,
-                  lazy=lazy and bench is None)
+        _register(bench_parser.add_subparsers(dest="bench", required=True), BENCHES, bench, lazy=lazy and bench is None)
     return parser
 
 

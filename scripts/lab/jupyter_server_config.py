@@ -27,9 +27,17 @@ RECORDS = "results/*/executed/*.ipynb"  # a run's executed notebooks: what the r
 TWINS = "[0-9][0-9]_*.py"
 # nbstripout's own default keys, plus the kernel's language_info, which a run adds and the
 # committed notebooks do not carry (the same list as the git filter: see the Makefile's setup)
-STRIP_KEYS = ["metadata.signature", "metadata.widgets", "metadata.language_info", "cell.metadata.collapsed",
-              "cell.metadata.ExecuteTime", "cell.metadata.execution", "cell.metadata.heading_collapsed",
-              "cell.metadata.hidden", "cell.metadata.scrolled"]
+STRIP_KEYS = [
+    "metadata.signature",
+    "metadata.widgets",
+    "metadata.language_info",
+    "cell.metadata.collapsed",
+    "cell.metadata.ExecuteTime",
+    "cell.metadata.execution",
+    "cell.metadata.heading_collapsed",
+    "cell.metadata.hidden",
+    "cell.metadata.scrolled",
+]
 
 
 def is_record(path: str) -> bool:
@@ -50,8 +58,9 @@ def strip_tracked_notebook(model, path, contents_manager, **kwargs):
         raise HTTPError(403, f"{path.strip('/')} is a run's record, read-only in JupyterLab: use File > Save As")
     if model.get("type") != "notebook" or not fnmatch.fnmatch(path.strip("/"), TRACKED):
         return
-    model["content"] = strip_output(nbformat.from_dict(model["content"]), keep_output=False, keep_count=False,
-                                    keep_id=True, extra_keys=STRIP_KEYS)
+    model["content"] = strip_output(
+        nbformat.from_dict(model["content"]), keep_output=False, keep_count=False, keep_id=True, extra_keys=STRIP_KEYS
+    )
 
 
 c = get_config()  # noqa: F821 (provided by the Jupyter config loader)

@@ -23,8 +23,13 @@ def published_notebooks() -> list[Path]:
     """Executed notebooks git tracks under results/*/executed (a local `make demo` run is not
     published); what is on disk outside a git checkout."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", "results/*/executed/*.ipynb"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         paths = [ROOT / p for p in out.split("\0") if p]
     except (OSError, subprocess.CalledProcessError):
         paths = list(ROOT.glob("results/*/executed/*.ipynb"))
@@ -58,12 +63,24 @@ def _free_port() -> int:
 def running_lab(root: Path, tmp_path: Path, timeout_s: float = 90):
     """JupyterLab serving `root` with the repository's config; stopped (its process group) on exit."""
     port, token = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--notebook-dir={root}", f"--config={LAB_CONFIG}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--notebook-dir={root}",
+        f"--config={LAB_CONFIG}",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+    }
     log_path = tmp_path / "lab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -96,8 +113,8 @@ def png_text(path: Path) -> dict:
     """The tEXt chunks of a PNG (where matplotlib writes savefig's metadata)."""
     data, out, pos = path.read_bytes(), {}, 8
     while pos < len(data):
-        size = int.from_bytes(data[pos:pos + 4], "big")
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + size]
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + size]
         if kind == b"tEXt":
             key, _, value = body.partition(b"\0")
             out[key.decode("latin-1")] = value.decode("latin-1")

@@ -11,8 +11,14 @@ from draftlab.core.records import conversation_id
 TOPICS = ["rivers", "owls", "tides", "chess", "bread", "comets", "glaciers", "jazz", "maps"]
 
 
-def make_conversations(n: int, *, multi_turn_every: int = 4, system_every: int = 3,
-                       prompt_only_every: int = 5, source: str = "fixture/regen") -> list[dict]:
+def make_conversations(
+    n: int,
+    *,
+    multi_turn_every: int = 4,
+    system_every: int = 3,
+    prompt_only_every: int = 5,
+    source: str = "fixture/regen",
+) -> list[dict]:
     """n canonical conversations: single-turn, multi-turn (2 assistant turns), with and without a
     system prompt, and prompt-only rows (no assistant turn yet)."""
     rows = []
@@ -27,8 +33,7 @@ def make_conversations(n: int, *, multi_turn_every: int = 4, system_every: int =
         if multi_turn_every and i % multi_turn_every == 2:
             msgs.append({"role": "user", "content": "And another one?"})
             msgs.append({"role": "assistant", "content": "Original second answer."})
-        rows.append({"id": conversation_id(msgs, source), "source": source, "messages": msgs,
-                     "meta": {"row": i}})
+        rows.append({"id": conversation_id(msgs, source), "source": source, "messages": msgs, "meta": {"row": i}})
     return rows
 
 

@@ -21,8 +21,9 @@ FAULTS = ("drop", "http500", "http429", "timeout", "truncated", "malformed")
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, rates: dict[str, float], *, seed: int = 0,
-                 poison: str = "POISON", hang_s: float = 30.0):
+    def __init__(
+        self, upstream: str, rates: dict[str, float], *, seed: int = 0, poison: str = "POISON", hang_s: float = 30.0
+    ):
         unknown = set(rates) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {unknown}")
@@ -51,17 +52,21 @@ class FaultProxy:
         return "pass"
 
     async def _forward(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        r = await self.http.request(method, self.upstream + path, content=body,
-                                    headers={"content-type": "application/json"})
+        r = await self.http.request(
+            method, self.upstream + path, content=body, headers={"content-type": "application/json"}
+        )
         return r.status_code, r.content
 
     @staticmethod
-    def _response(status: int, body: bytes, *, length: int | None = None, extra: str = "",
-                  close: bool = False) -> bytes:
+    def _response(
+        status: int, body: bytes, *, length: int | None = None, extra: str = "", close: bool = False
+    ) -> bytes:
         reason = {200: "OK", 429: "Too Many Requests", 500: "Internal Server Error"}.get(status, "X")
-        head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body) if length is None else length}\r\n{extra}"
-                f"connection: {'close' if close else 'keep-alive'}\r\n\r\n")
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body) if length is None else length}\r\n{extra}"
+            f"connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+        )
         return head.encode() + body
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
@@ -70,8 +75,7 @@ class FaultProxy:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip()
-                           for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
+                headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 fault = self._pick(body) if method == "POST" else "pass"
                 self.injected[fault] += 1
@@ -83,18 +87,19 @@ class FaultProxy:
                 if fault in ("http500", "poison"):
                     writer.write(self._response(500, b'{"error": "injected 500"}'))
                 elif fault == "http429":
-                    writer.write(self._response(429, b'{"error": "slow down"}',
-                                                extra="retry-after: 0.1\r\n"))
+                    writer.write(self._response(429, b'{"error": "slow down"}', extra="retry-after: 0.1\r\n"))
                 else:
                     status, data = await self._forward(method, path, body)
                     if fault == "truncated":
-                        writer.write(self._response(status, data[: len(data) // 2],
-                                                    length=len(data), close=True))
+                        writer.write(self._response(status, data[: len(data) // 2], length=len(data), close=True))
                         await writer.drain()
                         return
                     if fault == "malformed":
-                        bad = (data[: len(data) // 2] if self.rng.random() < 0.5
-                               else json.dumps({"object": "chat.completion"}).encode())
+                        bad = (
+                            data[: len(data) // 2]
+                            if self.rng.random() < 0.5
+                            else json.dumps({"object": "chat.completion"}).encode()
+                        )
                         writer.write(self._response(200, bad))
                     else:
                         writer.write(self._response(status, data))
@@ -111,8 +116,7 @@ class FaultProxy:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
             self.http = httpx.AsyncClient(timeout=120)
-            server = self._loop.run_until_complete(
-                asyncio.start_server(self._handle, "127.0.0.1", 0))
+            server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
             self.port = server.sockets[0].getsockname()[1]
             self._server = server
             ready.set()

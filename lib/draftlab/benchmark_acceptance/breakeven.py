@@ -82,8 +82,12 @@ def fit_from_runs(rows: list[dict]) -> CostModel:
     """Fit v, c from the engine's chain runs (rows of engine.chain_sweep), T1 from their greedy."""
     rates = [decode_rates(r) for r in rows]
     step_s = sum(r["step_s"] for r in rates) / len(rates)
-    return fit_costs([r["steps"] for r in rates], [r["cycle_s"] for r in rates], step_s,
-                     source=f"{len(rows)} engine runs ({rows[0]['eval_set']}, {rows[0]['samples']} prompts)")
+    return fit_costs(
+        [r["steps"] for r in rates],
+        [r["cycle_s"] for r in rates],
+        step_s,
+        source=f"{len(rows)} engine runs ({rows[0]['eval_set']}, {rows[0]['samples']} prompts)",
+    )
 
 
 def check(rows: list[dict], model: CostModel) -> list[dict]:
@@ -93,15 +97,28 @@ def check(rows: list[dict], model: CostModel) -> list[dict]:
         rates = decode_rates(r)
         pred = model.speedup(rates["tokens_per_cycle"], r["num_steps"])
         meas = r["decode_speedup"]
-        out.append({"steps": r["num_steps"], "tokens_per_cycle": rates["tokens_per_cycle"],
-                    "acceptance_length": r["acceptance_length"], "predicted_speedup": pred,
-                    "measured_speedup": meas, "relative_error": (pred - meas) / meas if meas else None,
-                    "breakeven_acceptance": model.breakeven(r["num_steps"])})
+        out.append(
+            {
+                "steps": r["num_steps"],
+                "tokens_per_cycle": rates["tokens_per_cycle"],
+                "acceptance_length": r["acceptance_length"],
+                "predicted_speedup": pred,
+                "measured_speedup": meas,
+                "relative_error": (pred - meas) / meas if meas else None,
+                "breakeven_acceptance": model.breakeven(r["num_steps"]),
+            }
+        )
     return out
 
 
-def worked_example(baseline_tps: float = 90.0, spec_tps: float = 82.3, acceptance_length: float = 2.1,
-                   draft_tokens: int = 5, topk: int = 1, verify_cost: float = 1.0) -> dict:
+def worked_example(
+    baseline_tps: float = 90.0,
+    spec_tps: float = 82.3,
+    acceptance_length: float = 2.1,
+    draft_tokens: int = 5,
+    topk: int = 1,
+    verify_cost: float = 1.0,
+) -> dict:
     """The deployment that motivated draftlab: slower with speculation than without.
 
     With topk 1, D = 5 draft tokens means S = 4 draft steps. v = 1 assumes the verify of D
@@ -110,18 +127,29 @@ def worked_example(baseline_tps: float = 90.0, spec_tps: float = 82.3, acceptanc
     """
     steps = draft_tokens - 1 if topk == 1 else None
     cost = implied_cycle_cost(baseline_tps, spec_tps, acceptance_length)
-    out = {"baseline_tps": baseline_tps, "spec_tps": spec_tps, "acceptance_length": acceptance_length,
-           "draft_tokens": draft_tokens, "topk": topk, "steps": steps, "verify_cost_assumed": verify_cost,
-           "measured_speedup": spec_tps / baseline_tps,
-           "implied_cycle_cost": cost,  # in plain target steps
-           "implied_draft_overhead": cost - verify_cost}  # everything but the verify, per cycle
+    out = {
+        "baseline_tps": baseline_tps,
+        "spec_tps": spec_tps,
+        "acceptance_length": acceptance_length,
+        "draft_tokens": draft_tokens,
+        "topk": topk,
+        "steps": steps,
+        "verify_cost_assumed": verify_cost,
+        "measured_speedup": spec_tps / baseline_tps,
+        "implied_cycle_cost": cost,  # in plain target steps
+        "implied_draft_overhead": cost - verify_cost,
+    }  # everything but the verify, per cycle
     if steps:
         model = CostModel(verify_cost, (cost - verify_cost) / steps, source="worked example")
-        out.update({"implied_draft_cost_per_step": model.draft_cost,
-                    "breakeven_acceptance": model.breakeven(steps),
-                    "acceptance_for_1_5x": model.breakeven(steps, 1.5),
-                    "acceptance_for_2x": model.breakeven(steps, 2.0),
-                    "max_acceptance": steps + 1})
+        out.update(
+            {
+                "implied_draft_cost_per_step": model.draft_cost,
+                "breakeven_acceptance": model.breakeven(steps),
+                "acceptance_for_1_5x": model.breakeven(steps, 1.5),
+                "acceptance_for_2x": model.breakeven(steps, 2.0),
+                "max_acceptance": steps + 1,
+            }
+        )
     return out
 
 
@@ -135,11 +163,15 @@ def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, t
     """Break-even curves (one per S) with measured runs as points (measured_speedup vs tokens/cycle)."""
     for s in steps_list:
         x, y = curve(model, s)
-        line, = ax.plot(x, y, label=f"S={s} (break-even L={model.breakeven(s):.2f})")
+        (line,) = ax.plot(x, y, label=f"S={s} (break-even L={model.breakeven(s):.2f})")
         pts = [m for m in (measured or []) if m["steps"] == s and m["measured_speedup"]]
         if pts:
-            ax.scatter([m["tokens_per_cycle"] for m in pts], [m["measured_speedup"] for m in pts],
-                       color=line.get_color(), zorder=3)
+            ax.scatter(
+                [m["tokens_per_cycle"] for m in pts],
+                [m["measured_speedup"] for m in pts],
+                color=line.get_color(),
+                zorder=3,
+            )
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("acceptance length (tokens per verify step)")
     ax.set_ylabel("speedup over plain decoding")
@@ -148,15 +180,16 @@ def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, t
     explain(ax)
 
 
-CAPTION = ("v: the cost of one verify pass, c: the cost of one draft step, both in plain decoding steps of the "
-           "target (fitted to the chain runs' timings). A cycle of S draft steps costs v + S·c and yields L tokens: "
-           "predicted speedup L / (v + S·c), break-even at L = v + S·c. Lines: the model; dots: measured runs.")
+CAPTION = (
+    "v: the cost of one verify pass, c: the cost of one draft step, both in plain decoding steps of the "
+    "target (fitted to the chain runs' timings). A cycle of S draft steps costs v + S·c and yields L tokens: "
+    "predicted speedup L / (v + S·c), break-even at L = v + S·c. Lines: the model; dots: measured runs."
+)
 
 
 def explain(ax) -> None:
     """The caption under a break-even plot: what v and c are and how the curves follow from them."""
-    ax.text(0.0, -0.16, CAPTION, transform=ax.transAxes, fontsize=7, va="top", ha="left", wrap=True,
-            color="dimgray")
+    ax.text(0.0, -0.16, CAPTION, transform=ax.transAxes, fontsize=7, va="top", ha="left", wrap=True, color="dimgray")
 
 
 def as_dict(model: CostModel) -> dict:

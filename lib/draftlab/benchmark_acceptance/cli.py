@@ -34,6 +34,7 @@ from draftlab.model.target import load_target
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -57,8 +58,10 @@ def _check_draft(folder: str) -> None:
     """An exported draft folder (config.json that parses, model.safetensors), checked before the target loads."""
     path = Path(folder)
     if not path.is_dir():
-        raise RecordError(f"--draft {folder}: {'is a file' if path.exists() else 'does not exist'}; expected an "
-                          "exported draft folder (config.json + model.safetensors, from draftlab export)")
+        raise RecordError(
+            f"--draft {folder}: {'is a file' if path.exists() else 'does not exist'}; expected an "
+            "exported draft folder (config.json + model.safetensors, from draftlab export)"
+        )
     for name in ("config.json", "model.safetensors"):
         if not (path / name).is_file():
             raise RecordError(f"--draft {folder}: no {name}; is it an exported draft (draftlab export)?")
@@ -73,9 +76,14 @@ def bench_live(args: argparse.Namespace) -> int:
     if args.sweep_commands:
         if not (args.model_path and args.draft_path):
             raise SystemExit("--sweep-commands needs --model-path and --draft-path")
-        plan = sweep_plan(args.model_path, args.draft_path, sweep_grid(_ints(args.steps), _ints(args.topk),
-                                                                       _ints(args.draft_tokens)),
-                          max_running_requests=args.max_running_requests, port=args.port, algorithm=args.algorithm)
+        plan = sweep_plan(
+            args.model_path,
+            args.draft_path,
+            sweep_grid(_ints(args.steps), _ints(args.topk), _ints(args.draft_tokens)),
+            max_running_requests=args.max_running_requests,
+            port=args.port,
+            algorithm=args.algorithm,
+        )
         for entry in plan:
             print(f"# {entry['label']}  ({entry['url']})\n{entry['command']}")
         if args.plan:
@@ -93,8 +101,14 @@ def bench_live(args: argparse.Namespace) -> int:
     elif args.baseline:
         for url in [args.baseline, *(s.split("=", 1)[-1] for s in args.spec)]:
             require_reachable(url)
-    kw = dict(model=args.model, concurrency=_ints(args.concurrency), repeats=args.repeats, warmup=args.warmup,
-              max_tokens=args.max_tokens, meta_info=not args.no_meta_info)
+    kw = dict(
+        model=args.model,
+        concurrency=_ints(args.concurrency),
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_tokens=args.max_tokens,
+        meta_info=not args.no_meta_info,
+    )
     if args.plan and not args.baseline:
         table, windows = run_sweep(plan, prompts, eval_set=args.eval_set, **kw)
     else:
@@ -140,7 +154,9 @@ def add_bench_live_parser(subparsers) -> None:
     p.add_argument("--port", type=int, default=30000)
     p.set_defaults(func=bench_live)
 
+
 # --------------------------------------------------------------------------- CLI
+
 
 def bench_specdec(args: argparse.Namespace) -> int:
     """`draftlab bench specdec`: engine greedy vs speculative, chain S=1..7, lossless check.
@@ -157,20 +173,39 @@ def bench_specdec(args: argparse.Namespace) -> int:
     rows = []
     graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
     if args.topk == 1:
-        rows = chain_sweep(target, draft, ids, steps, args.mode, args.max_new_tokens, name, cuda_graphs=graphs,
-                           prefill_bucket=args.prefill_bucket)
+        rows = chain_sweep(
+            target,
+            draft,
+            ids,
+            steps,
+            args.mode,
+            args.max_new_tokens,
+            name,
+            cuda_graphs=graphs,
+            prefill_bucket=args.prefill_bucket,
+        )
     else:
         for s in steps:
-            cfg = SpecConfig(mode=args.mode, num_steps=s, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                             max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, prefill_bucket=args.prefill_bucket,
-                             draft_tree_attention=args.draft_tree_attention)
+            cfg = SpecConfig(
+                mode=args.mode,
+                num_steps=s,
+                topk=args.topk,
+                num_draft_tokens=args.num_draft_tokens,
+                max_new_tokens=args.max_new_tokens,
+                cuda_graphs=graphs,
+                prefill_bucket=args.prefill_bucket,
+                draft_tree_attention=args.draft_tree_attention,
+            )
             rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
-        print(f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
-              f"D={r['num_draft_tokens']}: "
-              f"acceptance {r['acceptance_length']:.3f}, greedy {r['greedy']['tokens_per_s']:.1f} tok/s, "
-              f"spec {r['speculative']['tokens_per_s']:.1f} tok/s, speedup {r['speedup']:.3f}x "
-              f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}", flush=True)
+        print(
+            f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
+            f"D={r['num_draft_tokens']}: "
+            f"acceptance {r['acceptance_length']:.3f}, greedy {r['greedy']['tokens_per_s']:.1f} tok/s, "
+            f"spec {r['speculative']['tokens_per_s']:.1f} tok/s, speedup {r['speedup']:.3f}x "
+            f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}",
+            flush=True,
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rows, indent=2, default=str))
@@ -185,17 +220,26 @@ def add_bench_specdec_parser(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", help="float32 (default: the lossless check is exact) or bfloat16")
     p.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"), help="auto: on with CUDA")
-    p.add_argument("--prefill-bucket", type=int, default=None,
-                   help="pad prompts to a multiple of this for graphed prefills (default: 64 on CUDA, 0 elsewhere)")
+    p.add_argument(
+        "--prefill-bucket",
+        type=int,
+        default=None,
+        help="pad prompts to a multiple of this for graphed prefills (default: 64 on CUDA, 0 elsewhere)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (2 only on a quiet CPU)")
     p.add_argument("--mode", default="EAGLE3", choices=MODES)
     p.add_argument("--steps", default="1,2,3,4,5,6,7", help="comma-separated chain lengths S")
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--num-draft-tokens", type=int, default=None)
-    p.add_argument("--draft-tree-attention", default="sglang", choices=TREE_ATTENTION,
-                   help="trees: what a draft beam attends to, SGLang's per-slot KV (default) or its own ancestors")
-    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | "
-                                                           "file.jsonl")
+    p.add_argument(
+        "--draft-tree-attention",
+        default="sglang",
+        choices=TREE_ATTENTION,
+        help="trees: what a draft beam attends to, SGLang's per-slot KV (default) or its own ancestors",
+    )
+    p.add_argument(
+        "--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl"
+    )
     p.add_argument("--run-dir", default="results/dev")
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)

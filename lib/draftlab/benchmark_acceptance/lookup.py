@@ -20,8 +20,8 @@ def lookup_draft(context: list[int], steps: int, max_ngram: int = 3, min_ngram: 
             continue
         tail = context[-n:]
         for start in range(len(context) - n - 1, -1, -1):  # latest occurrence before the tail itself
-            if context[start:start + n] == tail:
-                return context[start + n:start + n + steps]
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + steps]
     return []
 
 
@@ -37,7 +37,7 @@ def lookup_cycles(prompt: list[int], output: list[int], steps: int, max_ngram: i
         while a < len(draft) and i + a < len(output) and draft[a] == output[i + a]:
             a += 1
         emitted = min(a + 1, len(output) - i)
-        context += output[i:i + emitted]
+        context += output[i : i + emitted]
         i += emitted
         cycles += 1
     return cycles
@@ -50,6 +50,11 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], steps:
         raise ValueError(f"{len(prompts)} prompts but {len(outputs)} outputs")
     tokens = sum(len(o) for o in outputs)
     cycles = sum(lookup_cycles(p, o, steps, max_ngram) for p, o in zip(prompts, outputs))
-    return {"drafter": f"prompt lookup (n <= {max_ngram})", "steps": steps, "samples": len(prompts),
-            "completion_tokens": tokens, "verify_steps": cycles,
-            "acceptance_length": acceptance_length(tokens, cycles)}
+    return {
+        "drafter": f"prompt lookup (n <= {max_ngram})",
+        "steps": steps,
+        "samples": len(prompts),
+        "completion_tokens": tokens,
+        "verify_steps": cycles,
+        "acceptance_length": acceptance_length(tokens, cycles),
+    }

@@ -26,16 +26,30 @@ def table(rows: list[dict]):
     out = []
     for r in rows:
         s, g = r["speculative"], r["greedy"]
-        out.append({
-            "eval_set": r["eval_set"], "samples": r["samples"], "arch": r.get("arch", ""), "mode": r["mode"],
-            "S": r["num_steps"], "K": r["topk"], "D": r["num_draft_tokens"],
-            "acceptance_length": r["acceptance_length"], "tokens_per_verify": s["mean_accepted_plus_one"],
-            "greedy_tok_s": g["tokens_per_s"], "spec_tok_s": s["tokens_per_s"], "speedup": r["speedup"],
-            "decode_speedup": r["decode_speedup"], "completion_tokens": s["completion_tokens"],
-            "verify_steps": s["verify_steps"], "lossless": f"{r['identical_outputs']}/{r['samples']}",
-            "device": r["device"], "dtype": r["dtype"], "cuda_graphs": r.get("cuda_graphs"),
-            **({"cuda_graphs_error": r["cuda_graphs_error"]} if r.get("cuda_graphs_error") else {}),
-        })
+        out.append(
+            {
+                "eval_set": r["eval_set"],
+                "samples": r["samples"],
+                "arch": r.get("arch", ""),
+                "mode": r["mode"],
+                "S": r["num_steps"],
+                "K": r["topk"],
+                "D": r["num_draft_tokens"],
+                "acceptance_length": r["acceptance_length"],
+                "tokens_per_verify": s["mean_accepted_plus_one"],
+                "greedy_tok_s": g["tokens_per_s"],
+                "spec_tok_s": s["tokens_per_s"],
+                "speedup": r["speedup"],
+                "decode_speedup": r["decode_speedup"],
+                "completion_tokens": s["completion_tokens"],
+                "verify_steps": s["verify_steps"],
+                "lossless": f"{r['identical_outputs']}/{r['samples']}",
+                "device": r["device"],
+                "dtype": r["dtype"],
+                "cuda_graphs": r.get("cuda_graphs"),
+                **({"cuda_graphs_error": r["cuda_graphs_error"]} if r.get("cuda_graphs_error") else {}),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -78,8 +92,11 @@ def plot_acceptance_by_chain(rows: list[dict]):
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key in dict.fromkeys((r["eval_set"], r.get("arch", ""), r["mode"]) for r in rows):
-        pts = sorted((r["num_steps"], r["acceptance_length"]) for r in rows
-                     if (r["eval_set"], r.get("arch", ""), r["mode"]) == key and r["acceptance_length"])
+        pts = sorted(
+            (r["num_steps"], r["acceptance_length"])
+            for r in rows
+            if (r["eval_set"], r.get("arch", ""), r["mode"]) == key and r["acceptance_length"]
+        )
         n = next(r["samples"] for r in rows if r["eval_set"] == key[0])
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{key[1]} {key[2]} on {key[0]} (n={n})")
     steps = sorted({r["num_steps"] for r in rows})
@@ -95,8 +112,14 @@ def run_point(row: dict) -> tuple:
     """(S, K, D, speedup, identical outputs, samples) of a run: an engine.public row or a table row
     (metrics.json's `by_chain`, `tree`, `by_chain_fast_dtype`, where lossless reads "k/n")."""
     if "num_steps" in row:
-        return (row["num_steps"], row["topk"], row["num_draft_tokens"], row["speedup"], row["identical_outputs"],
-                row["samples"])
+        return (
+            row["num_steps"],
+            row["topk"],
+            row["num_draft_tokens"],
+            row["speedup"],
+            row["identical_outputs"],
+            row["samples"],
+        )
     same, _, n = str(row["lossless"]).partition("/")
     return row["S"], row["K"], row["D"], row["speedup"], int(same), int(n or row["samples"])
 
@@ -115,6 +138,7 @@ def plot_speedup_by_chain(rows: list[dict], note: str = ""):
     fig, ax = plt.subplots(figsize=(6.2, 4.2))
     tree_markers = "s^Dv<>p*"
     lossy = False
+
     def key_of(r):  # a tree's arch may read "eagle3 tree K=4 D=16": it belongs with eagle3's runs
         return r["eval_set"], str(r.get("arch", "")).split(" ")[0], r["dtype"]
 
@@ -122,22 +146,42 @@ def plot_speedup_by_chain(rows: list[dict], note: str = ""):
         group = [r for r in rows if key_of(r) == key]
         points = [run_point(r) for r in group]
         chains = sorted(p for p in points if p[1] == 1)
-        line, = ax.plot([p[0] for p in chains], [p[3] for p in chains], "-", zorder=2,
-                        label=f"{key[1]} chain ({key[2]}) on {key[0]} (n={group[0]['samples']})" if chains else None)
+        (line,) = ax.plot(
+            [p[0] for p in chains],
+            [p[3] for p in chains],
+            "-",
+            zorder=2,
+            label=f"{key[1]} chain ({key[2]}) on {key[0]} (n={group[0]['samples']})" if chains else None,
+        )
         trees = sorted(p for p in points if p[1] > 1)
         marked = [("o", p) for p in chains] + [(tree_markers[i % len(tree_markers)], p) for i, p in enumerate(trees)]
         for marker, (steps, k, d, speedup, same, n) in marked:
             ok = same == n
             lossy |= not ok
             color = line.get_color()
-            ax.scatter([steps], [speedup], marker=marker, s=42, zorder=3, linewidths=1.6,
-                       facecolors=color if ok else "white", edgecolors=color if ok else "tab:red")
+            ax.scatter(
+                [steps],
+                [speedup],
+                marker=marker,
+                s=42,
+                zorder=3,
+                linewidths=1.6,
+                facecolors=color if ok else "white",
+                edgecolors=color if ok else "tab:red",
+            )
             if not ok:
-                ax.annotate(f"{same}/{n}", (steps, speedup), textcoords="offset points", xytext=(6, 4), fontsize=7,
-                            color="tab:red")
+                ax.annotate(
+                    f"{same}/{n}",
+                    (steps, speedup),
+                    textcoords="offset points",
+                    xytext=(6, 4),
+                    fontsize=7,
+                    color="tab:red",
+                )
             if k > 1:
-                ax.scatter([], [], marker=marker, color=color,
-                           label=f"{key[1]} tree K={k} D={d} at S={steps} ({key[2]})")
+                ax.scatter(
+                    [], [], marker=marker, color=color, label=f"{key[1]} tree K={k} D={d} at S={steps} ({key[2]})"
+                )
     if lossy:
         ax.scatter([], [], marker="o", facecolors="white", edgecolors="tab:red", linewidths=1.6, label=NOT_LOSSLESS)
     ax.axhline(1.0, color="grey", ls=":", label="greedy decoding")
@@ -157,8 +201,9 @@ def plot_position_acceptance(rows: list[dict]):
     for r in rows:
         rates = r["speculative"]["position_acceptance"]
         xs = [i + 1 for i, v in enumerate(rates) if v is not None]
-        ax.plot(xs, [v for v in rates if v is not None], "o-", label=f"{label(r)} on {r['eval_set']} "
-                                                                     f"(n={r['samples']})")
+        ax.plot(
+            xs, [v for v in rates if v is not None], "o-", label=f"{label(r)} on {r['eval_set']} (n={r['samples']})"
+        )
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("draft position i")
     ax.set_ylabel("a_i = P(accepted | all before accepted)")
@@ -194,8 +239,14 @@ def speedup_rows(metrics06: dict) -> list[dict]:
     the first evaluation set in DTYPE and FAST_DTYPE, chains and trees."""
     first = next(iter(metrics06.get("eval_sets") or {}), None)
     rows = [r for name in ("by_chain", "tree", "by_chain_fast_dtype") for r in metrics06.get(name) or []]
-    return [r for r in rows if r.get("eval_set") == first and str(r.get("arch", "")).startswith("eagle3")
-            and r.get("mode", "EAGLE3") == "EAGLE3" and r.get("speedup") is not None]
+    return [
+        r
+        for r in rows
+        if r.get("eval_set") == first
+        and str(r.get("arch", "")).startswith("eagle3")
+        and r.get("mode", "EAGLE3") == "EAGLE3"
+        and r.get("speedup") is not None
+    ]
 
 
 def rows_digest(rows: list[dict]) -> str:

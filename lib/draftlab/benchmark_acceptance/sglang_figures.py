@@ -33,13 +33,23 @@ def _by_concurrency(study: Path, table, ax) -> None:
         rows = table[table.label == label].sort_values("concurrency")
         if len(rows) < 2:
             continue
-        lo = [min(w["tokens_per_s"] for w in windows if w["label"] == label and w["concurrency"] == c)
-              for c in rows.concurrency]
-        hi = [max(w["tokens_per_s"] for w in windows if w["label"] == label and w["concurrency"] == c)
-              for c in rows.concurrency]
+        lo = [
+            min(w["tokens_per_s"] for w in windows if w["label"] == label and w["concurrency"] == c)
+            for c in rows.concurrency
+        ]
+        hi = [
+            max(w["tokens_per_s"] for w in windows if w["label"] == label and w["concurrency"] == c)
+            for c in rows.concurrency
+        ]
         med = rows.tokens_per_s_median.tolist()
-        ax.errorbar(rows.concurrency, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                    marker="o", capsize=3, label=label)
+        ax.errorbar(
+            rows.concurrency,
+            med,
+            yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
+            marker="o",
+            capsize=3,
+            label=label,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrent requests")
@@ -53,12 +63,22 @@ def _acceptance_by_steps(sglang_dir: Path, table, ax) -> None:
     ax.plot(chain.steps, chain.acceptance_length, marker="o", label="SGLang (meta_info, batch 1)")
     engine = engine_chain_rows(sglang_dir)
     if engine:
-        ax.plot([r["num_steps"] for r in engine], [r["acceptance_length"] for r in engine], marker="x", ls="--",
-                label=f"draftlab engine ({engine[0]['samples']} prompts, {engine[0].get('dtype')})")
+        ax.plot(
+            [r["num_steps"] for r in engine],
+            [r["acceptance_length"] for r in engine],
+            marker="x",
+            ls="--",
+            label=f"draftlab engine ({engine[0]['samples']} prompts, {engine[0].get('dtype')})",
+        )
     for r in table[(table.concurrency == 1) & (table.topk > 1)].itertuples():
         ax.scatter([r.steps], [r.acceptance_length], marker="^", zorder=3)
-        ax.annotate(f"tree {int(r.steps)}x{int(r.topk)}x{int(r.draft_tokens)}", (r.steps, r.acceptance_length),
-                    fontsize=7, xytext=(4, 2), textcoords="offset points")
+        ax.annotate(
+            f"tree {int(r.steps)}x{int(r.topk)}x{int(r.draft_tokens)}",
+            (r.steps, r.acceptance_length),
+            fontsize=7,
+            xytext=(4, 2),
+            textcoords="offset points",
+        )
     ax.set_xlabel("draft steps S")
     ax.set_ylabel("acceptance length (tokens per verify)")
     ax.legend(fontsize=7)

@@ -394,24 +394,36 @@ def fit_server_costs(out: str | Path, concurrency: int = 1):
     return model, rates
 
 
-def plot_breakeven_beside(engine_model, engine_checks: list, server_model, server_rates: list, steps: int,
-                          title: str = ""):
+def plot_breakeven_beside(
+    engine_model, engine_checks: list, server_model, server_rates: list, steps: int, title: str = ""
+):
     """One chain length S: the engine's and SGLang's break-even curves with each one's measured
     points, so a reader sees why the engine's speedup overstates the server's (its plain step is
     slower, so the same draft costs relatively less there)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, model, points, key in (("engine", engine_model, engine_checks, "tokens_per_cycle"),
-                                     ("SGLang", server_model, server_rates, "tokens_per_cycle")):
+    for name, model, points, key in (
+        ("engine", engine_model, engine_checks, "tokens_per_cycle"),
+        ("SGLang", server_model, server_rates, "tokens_per_cycle"),
+    ):
         if model is None:
             continue
         x, y = curve(model, steps)
-        line, = ax.plot(x, y, label=f"{name}: v={model.verify_cost:.2f}, c={model.draft_cost:.3f} "
-                                    f"(break-even L={model.breakeven(steps):.2f} at S={steps})")
+        (line,) = ax.plot(
+            x,
+            y,
+            label=f"{name}: v={model.verify_cost:.2f}, c={model.draft_cost:.3f} "
+            f"(break-even L={model.breakeven(steps):.2f} at S={steps})",
+        )
         pts = [r for r in points if r.get("measured_speedup")]
-        ax.scatter([r[key] for r in pts], [r["measured_speedup"] for r in pts], color=line.get_color(), zorder=3,
-                   label=f"{name}: measured runs (all S)")
+        ax.scatter(
+            [r[key] for r in pts],
+            [r["measured_speedup"] for r in pts],
+            color=line.get_color(),
+            zorder=3,
+            label=f"{name}: measured runs (all S)",
+        )
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("acceptance length L (tokens per verify step)")
     ax.set_ylabel("speedup over the same engine's plain decoding")

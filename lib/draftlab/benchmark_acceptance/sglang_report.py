@@ -150,8 +150,14 @@ def write_gaps(run: str | Path, samples: int, out: str | Path) -> list[dict]:
     note = "the engine, then SGLang, on the same prompt ids: acceptance per setting"
     Path(out).write_text(json.dumps({"samples": int(samples), "note": note, "gaps": gaps}, indent=1))
     for g in gaps:
-        print(g["setting"], "engine", round(g["engine"], 4), "sglang", round(g["sglang"], 4),
-              f"gap {100 * g['gap']:+.2f}%")
+        print(
+            g["setting"],
+            "engine",
+            round(g["engine"], 4),
+            "sglang",
+            round(g["sglang"], 4),
+            f"gap {100 * g['gap']:+.2f}%",
+        )
     return gaps
 
 

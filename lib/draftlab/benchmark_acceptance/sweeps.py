@@ -33,13 +33,16 @@ def load_drafts(run_dir, archs, target) -> dict:
 
 def load_sets(target, names, run_dir, samples: int) -> dict:
     """Evaluation set name -> prompt token ids (core.records.prompt_messages of each row)."""
-    return {name: encode_prompts(target, [p["messages"] for p in load_eval_set(name, run_dir=run_dir, limit=samples)])
-            for name in names}
+    return {
+        name: encode_prompts(target, [p["messages"] for p in load_eval_set(name, run_dir=run_dir, limit=samples)])
+        for name in names
+    }
 
 
 def set_sizes(sets: dict) -> list[dict]:
-    return [{"eval_set": k, "samples": len(v), "mean prompt tokens": sum(map(len, v)) / len(v)}
-            for k, v in sets.items()]
+    return [
+        {"eval_set": k, "samples": len(v), "mean prompt tokens": sum(map(len, v)) / len(v)} for k, v in sets.items()
+    ]
 
 
 def measure(target, draft, ids, eval_set: str, arch: str, greedy=None, max_new_tokens: int = 64, **spec):
@@ -54,25 +57,29 @@ def runs_by_set(target, drafts: dict, sets: dict, steps: int, max_new_tokens: in
     rows, greedy = [], {}
     for name, ids in sets.items():
         for arch, draft in drafts.items():
-            row, greedy[name] = measure(target, draft, ids, name, arch, greedy.get(name), max_new_tokens,
-                                        mode="EAGLE3", num_steps=steps)
+            row, greedy[name] = measure(
+                target, draft, ids, name, arch, greedy.get(name), max_new_tokens, mode="EAGLE3", num_steps=steps
+            )
             rows.append(row)
     return rows, greedy
 
 
-def wrong_mode_runs(target, drafts: dict, ids, eval_set: str, greedy, steps: int, max_new_tokens: int,
-                    enabled: bool = True) -> list:
+def wrong_mode_runs(
+    target, drafts: dict, ids, eval_set: str, greedy, steps: int, max_new_tokens: int, enabled: bool = True
+) -> list:
     """The EAGLE-3 draft under `--speculative-algorithm EAGLE` (final state only): should sit near 1.0.
     None without an EAGLE-3 draft or when not `enabled` (06's WRONG_MODE)."""
     if not enabled or "eagle3" not in drafts:
         return []
-    row, _ = measure(target, drafts["eagle3"], ids, eval_set, "eagle3", greedy, max_new_tokens,
-                     mode="EAGLE", num_steps=steps)
+    row, _ = measure(
+        target, drafts["eagle3"], ids, eval_set, "eagle3", greedy, max_new_tokens, mode="EAGLE", num_steps=steps
+    )
     return [row]
 
 
-def runs_by_chain(target, drafts: dict, archs, ids, eval_set: str, chain_steps, done: list, greedy,
-                  max_new_tokens: int) -> list:
+def runs_by_chain(
+    target, drafts: dict, archs, ids, eval_set: str, chain_steps, done: list, greedy, max_new_tokens: int
+) -> list:
     """Each arch at every chain length S, reusing the runs of `done` that already measured one."""
     rows = []
     for arch in archs:
@@ -81,8 +88,9 @@ def runs_by_chain(target, drafts: dict, archs, ids, eval_set: str, chain_steps, 
             if same:
                 rows.append(same[0])
                 continue
-            row, _ = measure(target, drafts[arch], ids, eval_set, arch, greedy, max_new_tokens,
-                             mode="EAGLE3", num_steps=s)
+            row, _ = measure(
+                target, drafts[arch], ids, eval_set, arch, greedy, max_new_tokens, mode="EAGLE3", num_steps=s
+            )
             rows.append(row)
     return rows
 
@@ -90,17 +98,41 @@ def runs_by_chain(target, drafts: dict, archs, ids, eval_set: str, chain_steps, 
 def lookup_by_chain(ids, greedy, eval_set: str, chain_steps) -> list:
     """Prompt lookup (n-gram drafting) simulated on the same greedy outputs, by S: the line to clear."""
     outputs = [g.tokens for g in greedy]
-    return [{"eval_set": eval_set, "arch": "prompt lookup", "mode": "(n-gram)", "num_steps": s, "samples": len(ids),
-             "acceptance_length": lookup_acceptance(ids, outputs, s)["acceptance_length"]} for s in chain_steps]
+    return [
+        {
+            "eval_set": eval_set,
+            "arch": "prompt lookup",
+            "mode": "(n-gram)",
+            "num_steps": s,
+            "samples": len(ids),
+            "acceptance_length": lookup_acceptance(ids, outputs, s)["acceptance_length"],
+        }
+        for s in chain_steps
+    ]
 
 
 def lookup_by_set(sets: dict, greedy: dict, steps: int) -> list:
-    return [{"eval_set": name, **lookup_acceptance(ids, [g.tokens for g in greedy[name]], steps)}
-            for name, ids in sets.items()]
+    return [
+        {"eval_set": name, **lookup_acceptance(ids, [g.tokens for g in greedy[name]], steps)}
+        for name, ids in sets.items()
+    ]
 
 
-def fast_dtype_runs(target_spec: str, device: str, dtype: str, fast_dtype: str, draft_dir, arch: str, ids,
-                    eval_set: str, chain_steps, trees, tree, steps: int, max_new_tokens: int) -> list:
+def fast_dtype_runs(
+    target_spec: str,
+    device: str,
+    dtype: str,
+    fast_dtype: str,
+    draft_dir,
+    arch: str,
+    ids,
+    eval_set: str,
+    chain_steps,
+    trees,
+    tree,
+    steps: int,
+    max_new_tokens: int,
+) -> list:
     """The chain sweep and trees (K, D) again with target and draft in `fast_dtype` (greedy rerun in it);
     nothing when it is unset or equal to `dtype`. trees: FAST_TREES, else the one `tree`, else none."""
     if not fast_dtype or fast_dtype == dtype:
@@ -110,13 +142,25 @@ def fast_dtype_runs(target_spec: str, device: str, dtype: str, fast_dtype: str, 
     fast_draft = load_draft(draft_dir, fast_target)
     rows, greedy = [], None
     for s in chain_steps:
-        row, greedy = measure(fast_target, fast_draft, ids, eval_set, arch, greedy, max_new_tokens,
-                              mode="EAGLE3", num_steps=s)
+        row, greedy = measure(
+            fast_target, fast_draft, ids, eval_set, arch, greedy, max_new_tokens, mode="EAGLE3", num_steps=s
+        )
         rows.append(row)
     # trees too: on a launch-bound GPU a verify of D tokens costs about what a chain's S + 1 do
     for k, d in trees:
-        row, _ = measure(fast_target, fast_draft, ids, eval_set, f"{arch} tree K={k} D={d}", greedy, max_new_tokens,
-                         mode="EAGLE3", num_steps=steps, topk=k, num_draft_tokens=d)
+        row, _ = measure(
+            fast_target,
+            fast_draft,
+            ids,
+            eval_set,
+            f"{arch} tree K={k} D={d}",
+            greedy,
+            max_new_tokens,
+            mode="EAGLE3",
+            num_steps=steps,
+            topk=k,
+            num_draft_tokens=d,
+        )
         rows.append(row)
     return rows
 
@@ -125,8 +169,19 @@ def tree_runs(target, draft, arch: str, ids, eval_set: str, greedy, tree, steps:
     """One tree run (topk K, D verified tokens) when `tree` = (K, D) is given."""
     if not tree:
         return []
-    row, _ = measure(target, draft, ids, eval_set, arch, greedy, max_new_tokens,
-                     mode="EAGLE3", num_steps=steps, topk=tree[0], num_draft_tokens=tree[1])
+    row, _ = measure(
+        target,
+        draft,
+        ids,
+        eval_set,
+        arch,
+        greedy,
+        max_new_tokens,
+        mode="EAGLE3",
+        num_steps=steps,
+        topk=tree[0],
+        num_draft_tokens=tree[1],
+    )
     return [row]
 
 
@@ -160,8 +215,12 @@ def breakeven_figure(fits: dict, checks: dict, model_arch: str | None, chain_ste
     if model_arch is None:
         return None
     model = fits[model_arch]
-    return plot_breakeven(model, chain_steps, checks[model_arch], f"{model_arch} on {setting}: "
-                          f"v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
+    return plot_breakeven(
+        model,
+        chain_steps,
+        checks[model_arch],
+        f"{model_arch} on {setting}: v={model.verify_cost:.2f}, c={model.draft_cost:.3f}",
+    )
 
 
 def checks_table(checks: dict):
@@ -191,8 +250,13 @@ def sglang_breakeven(study: Path, fits: dict, checks: dict, model_arch: str | No
     if not (Path(study) / "windows.jsonl").is_file():
         return None, None
     server_model, server_rates = fit_server_costs(study)
-    fig = plot_breakeven_beside(fits.get(model_arch) if model_arch else None,
-                                checks.get(model_arch, []) if model_arch else [], server_model, server_rates, steps)
+    fig = plot_breakeven_beside(
+        fits.get(model_arch) if model_arch else None,
+        checks.get(model_arch, []) if model_arch else [],
+        server_model,
+        server_rates,
+        steps,
+    )
     return {"model": breakeven.as_dict(server_model), "rates": server_rates}, fig
 
 
@@ -214,11 +278,30 @@ def records(rows: list):
     return table(rows).to_dict(orient="records") if rows else None
 
 
-def metrics(*, device, dtype, max_new_tokens, sets, main, wrong, chain, fast, lookup_main, lookup_rows, tree, fits,
-            checks, example, live, sglang=None) -> dict:
+def metrics(
+    *,
+    device,
+    dtype,
+    max_new_tokens,
+    sets,
+    main,
+    wrong,
+    chain,
+    fast,
+    lookup_main,
+    lookup_rows,
+    tree,
+    fits,
+    checks,
+    example,
+    live,
+    sglang=None,
+) -> dict:
     """metrics.json's 06 section: every table, the lossless flag over all runs in `dtype`, the fits."""
     return {
-        "device": device, "dtype": dtype, "max_new_tokens": max_new_tokens,
+        "device": device,
+        "dtype": dtype,
+        "max_new_tokens": max_new_tokens,
         "eval_sets": {k: len(v) for k, v in sets.items()},
         "by_set": table(main).to_dict(orient="records"),
         "wrong_mode": records(wrong),

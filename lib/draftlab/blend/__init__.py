@@ -2,7 +2,6 @@
 
 The names below are the stage's public API; other stages import only these."""
 
-
 from draftlab.blend.bench import (  # noqa: F401
     bench_blend,
     synthetic_raw_rows,

@@ -32,7 +32,7 @@ def synthetic_raw_rows(n: int, seed: int = 0) -> dict[str, list]:
     def window(median: int) -> str:
         size = int(min(8000, max(20, rng.lognormvariate(math.log(median), 0.8))))
         start = rng.randrange(0, len(corpus) - size)
-        return corpus[start:start + size]
+        return corpus[start : start + size]
 
     for i in range(n):
         r = rng.random()
@@ -73,8 +73,14 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
     raw = synthetic_raw_rows(n, seed)
     tok = None if tokenizer in (None, "none") else load_tokenizer(tokenizer)
     counter = TokenCounter(tok)
-    spec = load_spec({"name": "bench", "seed": seed, "tokenizer": tokenizer or "none",
-                      "sources": [{"name": k, "kind": "local", "path": f"<memory:{k}>"} for k in raw]})
+    spec = load_spec(
+        {
+            "name": "bench",
+            "seed": seed,
+            "tokenizer": tokenizer or "none",
+            "sources": [{"name": k, "kind": "local", "path": f"<memory:{k}>"} for k in raw],
+        }
+    )
     t0, cpu0 = time.perf_counter(), time.process_time()
     conversations, rejects = [], []
     for fam, rows in raw.items():

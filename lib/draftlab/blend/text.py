@@ -83,7 +83,7 @@ class TokenCounter:
         totals = [self.template_tokens(c["messages"]) for c in conversations]
         bar = _bar(len(texts), "tokens", progress)
         for start in range(0, len(texts), batch):
-            lengths = self.encode_lengths(texts[start:start + batch])
+            lengths = self.encode_lengths(texts[start : start + batch])
             for j, n in enumerate(lengths):
                 totals[owner[start + j]] += n
             bar.update(len(lengths))
@@ -96,8 +96,9 @@ def _bar(total: int, desc: str, enabled: bool):
 
 
 _MASK32 = np.uint64(0xFFFFFFFF)
-_MULTS = np.array([0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646C, 0xFD7046C5,
-                   0xB55A4F09], dtype=np.uint64)
+_MULTS = np.array(
+    [0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646C, 0xFD7046C5, 0xB55A4F09], dtype=np.uint64
+)
 
 
 class NearDuplicates:
@@ -132,7 +133,7 @@ class NearDuplicates:
         n = len(hv) - k + 1
         acc = np.zeros(n, dtype=np.uint64)
         for j in range(k):  # polynomial combination of k consecutive word hashes (mod 2**64, then 32 bits)
-            acc = acc * _MULTS[j] + hv[j:j + n]
+            acc = acc * _MULTS[j] + hv[j : j + n]
         shingles = np.unique(acc & _MASK32).tolist()
         m = self._MinHash(num_perm=self.num_perm, permutations=self.permutations, hashfunc=int, scheme="affine32")
         m.update_batch(shingles)

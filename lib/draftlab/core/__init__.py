@@ -1,2 +1,1 @@
 """The core layer: no torch. Records, JSONL I/O, atomic writes, paths, acceptance, launch strings, local servers."""
-

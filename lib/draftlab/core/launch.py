@@ -93,8 +93,9 @@ def algorithm(value, source: str) -> str | None:
         return None
     name = str(value).upper()
     if name not in SPEC_ALGORITHMS:
-        raise LaunchError(f"{source}: --speculative-algorithm {value} is not one SGLang knows "
-                          f"({', '.join(SPEC_ALGORITHMS)})")
+        raise LaunchError(
+            f"{source}: --speculative-algorithm {value} is not one SGLang knows ({', '.join(SPEC_ALGORITHMS)})"
+        )
     return name
 
 
@@ -132,8 +133,9 @@ def split_command(command: str) -> tuple[dict, list[str]]:
 def _split(command: str) -> tuple[dict, list[str], bool]:
     """split_command, plus whether an SGLang launcher (launch_server, sglang serve) was found."""
     if not command or not command.strip():
-        raise LaunchError("launch command is empty: give the SGLang command line (python -m sglang.launch_server "
-                          "--model-path M ...)")
+        raise LaunchError(
+            "launch command is empty: give the SGLang command line (python -m sglang.launch_server --model-path M ...)"
+        )
     try:
         tokens = shlex.split(command.replace("\\\n", " "))
     except ValueError as exc:  # unbalanced quotes
@@ -170,8 +172,10 @@ def parse_launch(command: str) -> ServerSettings:
     except (argparse.ArgumentError, SystemExit) as exc:
         raise LaunchError(f"launch command {_short(command)}: {exc}") from exc
     if not launcher and all(v is None for v in vars(ns).values()):
-        raise LaunchError(f"launch command {_short(command)}: not an SGLang launch command (no launch_server or "
-                          "`sglang serve`, and no SGLang server flag)")
+        raise LaunchError(
+            f"launch command {_short(command)}: not an SGLang launch command (no launch_server or "
+            "`sglang serve`, and no SGLang server flag)"
+        )
     algo = algorithm(ns.speculative_algorithm, f"launch command {_short(command)}")
     return ServerSettings(
         source=command,

@@ -28,8 +28,17 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerProcess", "ServerStartError", "stop_stale", "default_registry", "start_owned", "descendants",
-           "stop_tree", "run_until", "alive"]
+__all__ = [
+    "ServerProcess",
+    "ServerStartError",
+    "stop_stale",
+    "default_registry",
+    "start_owned",
+    "descendants",
+    "stop_tree",
+    "run_until",
+    "alive",
+]
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
@@ -150,8 +159,9 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
     return kids
 
 
-def run_until(argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None, on_line=None,
-              **popen_kwargs) -> int | None:
+def run_until(
+    argv, deadline: float, *, poll: float = 2.0, grace: float = 5.0, on_deadline=None, on_line=None, **popen_kwargs
+) -> int | None:
     """Run `argv` (start_owned) until it exits or time.time() reaches `deadline`; then stop it and
     its descendants (stop_tree) and return None. `on_deadline(proc, kids)` is told first (to say so).
     `on_line(line)` gets each line of its stdout and stderr as it comes (e.g. to leave progress bars out)."""

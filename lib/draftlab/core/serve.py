@@ -79,17 +79,37 @@ CPU_KV_CACHE_TOKENS = 16384
 KV_PAGE_TOKENS = 256  # transformers' default page (block) size
 
 
-def transformers_serve_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1",
-                               port: int = 8000, device: str = "cpu",
-                               continuous_batching: bool = True, dtype: str = "auto",
-                               kv_cache_tokens: int | None = None,
-                               log_level: str = "info", extra_args: tuple[str, ...] = ()) -> list[str]:
+def transformers_serve_command(
+    model_path: str | os.PathLike,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "cpu",
+    continuous_batching: bool = True,
+    dtype: str = "auto",
+    kv_cache_tokens: int | None = None,
+    log_level: str = "info",
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
     """argv of `transformers serve` preloading `model_path` (requests must name that path).
 
     kv_cache_tokens: capacity of the continuous-batching KV cache (default: 16,384 on CPU,
     transformers' memory-based sizing elsewhere)."""
-    cmd = [*_transformers_exe(), "serve", str(model_path), "--host", host, "--port", str(port),
-           "--device", device, "--dtype", dtype, "--log-level", log_level]
+    cmd = [
+        *_transformers_exe(),
+        "serve",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--log-level",
+        log_level,
+    ]
     cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
     if kv_cache_tokens is None and device == "cpu":
         kv_cache_tokens = CPU_KV_CACHE_TOKENS
@@ -110,12 +130,23 @@ class LocalServer(ServerProcess):
 
     kind = "transformers serve"
 
-    def __init__(self, model_path: str | os.PathLike, log_path: str | os.PathLike, *,
-                 host: str = "127.0.0.1", port: int | None = None, device: str = "cpu",
-                 continuous_batching: bool = True, dtype: str = "auto",
-                 kv_cache_tokens: int | None = None, startup_timeout: float = 180.0,
-                 extra_args: tuple[str, ...] = (), threads: int | None = None,
-                 env: dict[str, str] | None = None, registry: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        log_path: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        device: str = "cpu",
+        continuous_batching: bool = True,
+        dtype: str = "auto",
+        kv_cache_tokens: int | None = None,
+        startup_timeout: float = 180.0,
+        extra_args: tuple[str, ...] = (),
+        threads: int | None = None,
+        env: dict[str, str] | None = None,
+        registry: str | os.PathLike | None = None,
+    ):
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").exists():
             raise FileNotFoundError(f"{self.model_path}: not a model folder (no config.json)")
@@ -126,11 +157,25 @@ class LocalServer(ServerProcess):
         if threads:  # CPU threads of the server (OMP_NUM_THREADS); None: torch's default
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         self.host, self.port, self.device, self.threads = host, port, device, threads
-        argv = transformers_serve_command(self.model_path, host=host, port=port, device=device,
-                                          continuous_batching=continuous_batching, dtype=dtype,
-                                          kv_cache_tokens=kv_cache_tokens, extra_args=tuple(extra_args))
-        super().__init__(argv, log_path, base_url=f"http://{host}:{port}", health_path="/health",
-                         startup_timeout=startup_timeout, env=env, registry=registry)
+        argv = transformers_serve_command(
+            self.model_path,
+            host=host,
+            port=port,
+            device=device,
+            continuous_batching=continuous_batching,
+            dtype=dtype,
+            kv_cache_tokens=kv_cache_tokens,
+            extra_args=tuple(extra_args),
+        )
+        super().__init__(
+            argv,
+            log_path,
+            base_url=f"http://{host}:{port}",
+            health_path="/health",
+            startup_timeout=startup_timeout,
+            env=env,
+            registry=registry,
+        )
 
     @property
     def urls(self) -> list[str]:
@@ -159,11 +204,32 @@ class LocalServer(ServerProcess):
 
 # ---------------------------------------------------------------- SGLang launch commands
 
-def _sglang_base(model_path: str, *, host: str, port: int, tp: int, dtype: str | None,
-                 context_length: int | None, mem_fraction_static: float | None,
-                 max_running_requests: int | None, extra: tuple[str, ...]) -> list[str]:
-    cmd = ["python", "-m", "sglang.launch_server", "--model-path", str(model_path),
-           "--host", host, "--port", str(port), "--tp", str(tp)]
+
+def _sglang_base(
+    model_path: str,
+    *,
+    host: str,
+    port: int,
+    tp: int,
+    dtype: str | None,
+    context_length: int | None,
+    mem_fraction_static: float | None,
+    max_running_requests: int | None,
+    extra: tuple[str, ...],
+) -> list[str]:
+    cmd = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp",
+        str(tp),
+    ]
     if dtype:
         cmd += ["--dtype", dtype]
     if context_length:
@@ -175,27 +241,51 @@ def _sglang_base(model_path: str, *, host: str, port: int, tp: int, dtype: str |
     return cmd + list(extra)
 
 
-def sglang_target_command(model_path: str, *, host: str = "127.0.0.1", port: int = 30000,
-                          tp: int = 1, dtype: str | None = "bfloat16",
-                          context_length: int | None = None,
-                          mem_fraction_static: float | None = None,
-                          max_running_requests: int | None = None,
-                          extra: tuple[str, ...] = ()) -> str:
+def sglang_target_command(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    tp: int = 1,
+    dtype: str | None = "bfloat16",
+    context_length: int | None = None,
+    mem_fraction_static: float | None = None,
+    max_running_requests: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> str:
     """The plain target server (used for regeneration and as the speculative baseline)."""
-    return shlex.join(_sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
-                                   context_length=context_length,
-                                   mem_fraction_static=mem_fraction_static,
-                                   max_running_requests=max_running_requests, extra=extra))
+    return shlex.join(
+        _sglang_base(
+            model_path,
+            host=host,
+            port=port,
+            tp=tp,
+            dtype=dtype,
+            context_length=context_length,
+            mem_fraction_static=mem_fraction_static,
+            max_running_requests=max_running_requests,
+            extra=extra,
+        )
+    )
 
 
-def sglang_speculative_command(model_path: str, draft_path: str, *, algorithm: str = "EAGLE3",
-                               num_steps: int = 3, topk: int = 1,
-                               num_draft_tokens: int | None = None,
-                               max_running_requests: int = 48, host: str = "127.0.0.1",
-                               port: int = 30001, tp: int = 1, dtype: str | None = "bfloat16",
-                               context_length: int | None = None,
-                               mem_fraction_static: float | None = None,
-                               extra: tuple[str, ...] = ()) -> str:
+def sglang_speculative_command(
+    model_path: str,
+    draft_path: str,
+    *,
+    algorithm: str = "EAGLE3",
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    max_running_requests: int = 48,
+    host: str = "127.0.0.1",
+    port: int = 30001,
+    tp: int = 1,
+    dtype: str | None = "bfloat16",
+    context_length: int | None = None,
+    mem_fraction_static: float | None = None,
+    extra: tuple[str, ...] = (),
+) -> str:
     """An EAGLE-family speculative server (contract §4).
 
     With topk == 1 SGLang forces num_draft_tokens = num_steps + 1, so we write that value.
@@ -210,36 +300,67 @@ def sglang_speculative_command(model_path: str, draft_path: str, *, algorithm: s
         num_draft_tokens = num_steps + 1
     elif num_draft_tokens is None:
         raise ValueError("num_draft_tokens is required when topk > 1")
-    cmd = _sglang_base(model_path, host=host, port=port, tp=tp, dtype=dtype,
-                       context_length=context_length, mem_fraction_static=mem_fraction_static,
-                       max_running_requests=max_running_requests, extra=())
-    cmd += ["--speculative-algorithm", algorithm,
-            "--speculative-draft-model-path", str(draft_path),
-            "--speculative-num-steps", str(num_steps),
-            "--speculative-eagle-topk", str(topk),
-            "--speculative-num-draft-tokens", str(num_draft_tokens)]
+    cmd = _sglang_base(
+        model_path,
+        host=host,
+        port=port,
+        tp=tp,
+        dtype=dtype,
+        context_length=context_length,
+        mem_fraction_static=mem_fraction_static,
+        max_running_requests=max_running_requests,
+        extra=(),
+    )
+    cmd += [
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-draft-model-path",
+        str(draft_path),
+        "--speculative-num-steps",
+        str(num_steps),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(num_draft_tokens),
+    ]
     return shlex.join(cmd + list(extra))
 
 
-def sglang_commands(model_path: str, draft_path: str, *, max_running_requests: int = 48,
-                    num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None,
-                    host: str = "127.0.0.1", port: int = 30000, tp: int = 1,
-                    dtype: str | None = "bfloat16", context_length: int | None = None,
-                    mem_fraction_static: float | None = None) -> dict[str, str]:
+def sglang_commands(
+    model_path: str,
+    draft_path: str,
+    *,
+    max_running_requests: int = 48,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    tp: int = 1,
+    dtype: str | None = "bfloat16",
+    context_length: int | None = None,
+    mem_fraction_static: float | None = None,
+) -> dict[str, str]:
     """The three servers of a study: `target` (regeneration), `baseline` and `eagle3`.
 
     baseline and eagle3 get the same `--max-running-requests` and adjacent ports so they can
     run side by side for a same-batch comparison.
     """
-    common = dict(host=host, tp=tp, dtype=dtype, context_length=context_length,
-                  mem_fraction_static=mem_fraction_static)
+    common = dict(host=host, tp=tp, dtype=dtype, context_length=context_length, mem_fraction_static=mem_fraction_static)
     return {
         "target": sglang_target_command(model_path, port=port, **common),
-        "baseline": sglang_target_command(model_path, port=port + 1,
-                                          max_running_requests=max_running_requests, **common),
-        "eagle3": sglang_speculative_command(model_path, draft_path, algorithm="EAGLE3",
-                                             num_steps=num_steps, topk=topk,
-                                             num_draft_tokens=num_draft_tokens,
-                                             max_running_requests=max_running_requests,
-                                             port=port + 2, **common),
+        "baseline": sglang_target_command(
+            model_path, port=port + 1, max_running_requests=max_running_requests, **common
+        ),
+        "eagle3": sglang_speculative_command(
+            model_path,
+            draft_path,
+            algorithm="EAGLE3",
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            max_running_requests=max_running_requests,
+            port=port + 2,
+            **common,
+        ),
     }

@@ -2,7 +2,6 @@
 
 The names below are the stage's public API; other stages import only these."""
 
-
 from draftlab.data_scaling.evaluate import (  # noqa: F401
     HeldOut,
     chain_acceptance,

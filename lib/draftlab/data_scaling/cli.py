@@ -9,10 +9,9 @@ from pathlib import Path
 from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.fits import completion_tokens
 from draftlab.data_scaling.recipe_rows import EXTRA_ROWS, ROWS
+from draftlab.data_scaling.recipe_speed import SPEED_VARIANTS, check_speed
 from draftlab.data_scaling.recipes import (
     MEASURED_CONCURRENCY,
-    SPEED_VARIANTS,
-    check_speed,
     deadline_from,
     grow_rows,
     measure_rows,
@@ -42,8 +41,14 @@ def add_recipes_parser(subparsers) -> None:
     t.add_argument("--target", default="embedded")
     t.add_argument("--parallel", type=int, default=1, help="rows trained at once on the one device")
     t.add_argument("--budget-s", type=float, default=0, help="stop (and checkpoint) the rows after this many seconds")
-    t.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help="a TrainConfig setting for every row that does not change the recipe (e.g. save_every 100)")
+    t.add_argument(
+        "--set",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="a TrainConfig setting for every row that does not change the recipe (e.g. save_every 100)",
+    )
     t.set_defaults(func=_train)
 
     s = sub.add_parser("speed", help="the reference recipe by each objective variant for a few steps: OUT/speed.json")
@@ -56,8 +61,14 @@ def add_recipes_parser(subparsers) -> None:
     s.add_argument("--samples", type=int, default=0, help="training conversations at most (0: all)")
     s.add_argument("--per-variant-s", type=float, default=240, help="each variant's run at most")
     s.add_argument("--budget-s", type=float, default=0)
-    s.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help="a TrainConfig setting for every variant (e.g. device cuda)")
+    s.add_argument(
+        "--set",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="a TrainConfig setting for every variant (e.g. device cuda)",
+    )
     s.set_defaults(func=_speed)
 
     m = sub.add_parser("measure", help="every trained row's draft and SGLang's baseline, on the same prompt ids")
@@ -70,8 +81,11 @@ def add_recipes_parser(subparsers) -> None:
     m.add_argument("--steps", type=int, default=6, help="chain length S of every row's main server")
     m.add_argument("--chain", default="", help="more chain lengths S, a server each per row (e.g. 1,2,3,4,5,6,7)")
     m.add_argument("--chain-rows", default="", help="the rows that get the --chain servers (default: all)")
-    m.add_argument("--concurrency", default=",".join(map(str, MEASURED_CONCURRENCY)),
-                   help="comma-separated; acceptance per prompt comes from the first")
+    m.add_argument(
+        "--concurrency",
+        default=",".join(map(str, MEASURED_CONCURRENCY)),
+        help="comma-separated; acceptance per prompt comes from the first",
+    )
     m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
     m.add_argument("--budget-s", type=float, default=0)
     m.set_defaults(func=_measure)
@@ -85,28 +99,40 @@ def add_recipes_parser(subparsers) -> None:
     c.add_argument("--out", required=True, help="folder for table.csv and recipes.png")
     c.set_defaults(func=_combine)
 
-    z = sub.add_parser("size-curve", help="the data-size rows' SGLang acceptance vs conversations, fits and the "
-                                          "extrapolation: OUT/size_curve.json and .png")
+    z = sub.add_parser(
+        "size-curve",
+        help="the data-size rows' SGLang acceptance vs conversations, fits and the "
+        "extrapolation: OUT/size_curve.json and .png",
+    )
     z.add_argument("--studies", required=True, help="comma-separated study folders, oldest first (the last wins)")
     z.add_argument("--out", required=True)
-    z.add_argument("--regen-tok-s", type=float, required=True,
-                   help="measured output tok/s of regenerating with the target (e.g. recipes.sh PHASE=regen's log)")
+    z.add_argument(
+        "--regen-tok-s",
+        type=float,
+        required=True,
+        help="measured output tok/s of regenerating with the target (e.g. recipes.sh PHASE=regen's log)",
+    )
     z.add_argument("--regen-source", required=True, help="where that rate was measured (kept in the JSON)")
-    z.add_argument("--regenerated", default="results/reference/data/regen/train.jsonl.xz",
-                   help="a regenerated set: its mean answer tokens per conversation")
+    z.add_argument(
+        "--regenerated",
+        default="results/reference/data/regen/train.jsonl.xz",
+        help="a regenerated set: its mean answer tokens per conversation",
+    )
     z.add_argument("--factor", type=float, default=10.0, help="extrapolate to FACTOR x the largest set")
     z.set_defaults(func=_size_curve)
 
-    e = sub.add_parser("extra-prompts", help="the data-volume row's prompts: a larger blend's that the reference "
-                                             "has not seen")
+    e = sub.add_parser(
+        "extra-prompts", help="the data-volume row's prompts: a larger blend's that the reference has not seen"
+    )
     e.add_argument("--blend-train", required=True, help="the larger blend's train split (blend-offline-large.yaml)")
     e.add_argument("--seen", required=True, help="comma-separated JSONL(.xz) files whose prompts are left out")
     e.add_argument("--n", type=int, required=True, help="prompts to write (the blend's shuffled order)")
     e.add_argument("--out", required=True, help=".jsonl.xz")
     e.set_defaults(func=_extra)
 
-    g = sub.add_parser("grow", help="the data-volume rows' own train files: the train file and regenerated extra "
-                                    "prompts")
+    g = sub.add_parser(
+        "grow", help="the data-volume rows' own train files: the train file and regenerated extra prompts"
+    )
     g.add_argument("--rows", required=True, help=f"comma-separated; those of {', '.join(EXTRA_ROWS)} get a file")
     g.add_argument("--train-file", required=True, help="the study's train file; the rows' files are written beside it")
     g.add_argument("--regenerated", required=True, help="the extra prompts regenerated by the target (JSONL(.xz))")
@@ -118,16 +144,32 @@ def _rows(text: str) -> list[str]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    status = train_rows(_rows(args.rows), args.train_file, args.val_file, Path(args.out), target=args.target,
-                        parallel=args.parallel, deadline=deadline_from(args.budget_s),
-                        extra=TrainConfig.from_text(args.set))
+    status = train_rows(
+        _rows(args.rows),
+        args.train_file,
+        args.val_file,
+        Path(args.out),
+        target=args.target,
+        parallel=args.parallel,
+        deadline=deadline_from(args.budget_s),
+        extra=TrainConfig.from_text(args.set),
+    )
     return 0 if all(v == "done" for v in status.values()) else 3 if "cut" in status.values() else 1
 
 
 def _speed(args: argparse.Namespace) -> int:
-    res = check_speed(_rows(args.variants), args.train_file, args.val_file, Path(args.out), target=args.target,
-                      steps=args.steps, samples=args.samples, per_variant_s=args.per_variant_s,
-                      deadline=deadline_from(args.budget_s), extra=TrainConfig.from_text(args.set))
+    res = check_speed(
+        _rows(args.variants),
+        args.train_file,
+        args.val_file,
+        Path(args.out),
+        target=args.target,
+        steps=args.steps,
+        samples=args.samples,
+        per_variant_s=args.per_variant_s,
+        deadline=deadline_from(args.budget_s),
+        extra=TrainConfig.from_text(args.set),
+    )
     return 0 if len(res) > 1 else 1
 
 
@@ -135,10 +177,19 @@ def _measure(args: argparse.Namespace) -> int:
     prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval)
     ids = encode_prompts(load_tokenizer(args.model_path), [p["messages"] for p in prompts])
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    measure_rows(_rows(args.rows), Path(args.out), args.model_path, ids, sets, steps=args.steps,
-                 chain=[int(s) for s in args.chain.split(",") if s], chain_rows=_rows(args.chain_rows) or None,
-                 concurrency=levels,
-                 env=server_env(args.prefix) if args.prefix else None, deadline=deadline_from(args.budget_s))
+    measure_rows(
+        _rows(args.rows),
+        Path(args.out),
+        args.model_path,
+        ids,
+        sets,
+        steps=args.steps,
+        chain=[int(s) for s in args.chain.split(",") if s],
+        chain_rows=_rows(args.chain_rows) or None,
+        concurrency=levels,
+        env=server_env(args.prefix) if args.prefix else None,
+        deadline=deadline_from(args.budget_s),
+    )
     return _report(args)
 
 
@@ -161,8 +212,12 @@ def _grow(args: argparse.Namespace) -> int:
 
 def _size_curve(args: argparse.Namespace) -> int:
     tokens = completion_tokens(list(read_jsonl(args.regenerated)))
-    regeneration = {"tok_s": args.regen_tok_s, "tok_s_source": args.regen_source,
-                    "mean_completion_tokens": sum(tokens) / len(tokens), "tokens_source": args.regenerated}
+    regeneration = {
+        "tok_s": args.regen_tok_s,
+        "tok_s_source": args.regen_source,
+        "mean_completion_tokens": sum(tokens) / len(tokens),
+        "tokens_source": args.regenerated,
+    }
     sglang_size_curve(_rows(args.studies), Path(args.out), regeneration, factor=args.factor)
     return 0
 

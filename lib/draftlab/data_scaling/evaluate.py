@@ -42,8 +42,9 @@ class HeldOut:
         pad_id = target.tokenizer.pad_token_id or 0
         amp = autocast(device)
         with torch.no_grad():
-            for k in tqdm(range(len(val_ds)), desc="held-out target states", unit="conv", disable=not progress,
-                          leave=False):
+            for k in tqdm(
+                range(len(val_ds)), desc="held-out target states", unit="conv", disable=not progress, leave=False
+            ):
                 ids, valid, loss_mask = collate(val_ds, [k], pad_id)
                 aux, last, _ = target_states(target, ids, valid.long(), self.layers)
                 with amp:
@@ -54,8 +55,16 @@ class HeldOut:
         return len(self.items)
 
 
-def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: float = 0.8, bootstrap: int = 1000,
-                         seed: int = 0, progress: bool = True) -> dict:
+def simulated_acceptance(
+    target,
+    draft,
+    held: HeldOut,
+    ttt_steps: int,
+    decay: float = 0.8,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Per-step accuracy and simulated acceptance length (1 + a0 + a0*a1 + ...) on held-out rows.
 
     Uses the training objective's own bookkeeping (`draftlab.train_draft.TTTObjective`, soft targets over
@@ -75,8 +84,9 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     was_training = draft.training
     draft.eval()
     with torch.no_grad():
-        for ids, valid, loss_mask, aux, last, top in tqdm(held.items, desc="held-out eval", unit="conv",
-                                                          disable=not progress, leave=False):
+        for ids, valid, loss_mask, aux, last, top in tqdm(
+            held.items, desc="held-out eval", unit="conv", disable=not progress, leave=False
+        ):
             with amp:
                 pred_mask = F.pad((loss_mask & valid)[:, 1:], (0, 1))  # [1,L]: token p+1 is an assistant token
                 feats = aux if draft.use_aux else final_feature(target, last)
@@ -96,8 +106,16 @@ def simulated_acceptance(target, draft, held: HeldOut, ttt_steps: int, decay: fl
     return out
 
 
-def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int = 6, max_new_tokens: int = 128,
-                     bootstrap: int = 1000, seed: int = 0, progress: bool = True) -> dict:
+def chain_acceptance(
+    target,
+    draft_dir,
+    prompt_ids: list[list[int]],
+    steps: int = 6,
+    max_new_tokens: int = 128,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Real chain speculative decoding (topk 1, S steps) in the reference engine: acceptance length
     = completion tokens / verify steps (contract section 5), with a bootstrap SE over prompts."""
     draft = load_draft(draft_dir, target)
@@ -105,8 +123,9 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
     need = max(len(p) for p in prompt_ids) + max_new_tokens + steps + 4
     engine = graphed_engine(target, draft, cfg, need, prompt_ids[0], [len(p) for p in prompt_ids])
     try:
-        results = [engine.speculative(p) for p in tqdm(prompt_ids, desc=f"chain S={steps}", disable=not progress,
-                                                       leave=False)]
+        results = [
+            engine.speculative(p) for p in tqdm(prompt_ids, desc=f"chain S={steps}", disable=not progress, leave=False)
+        ]
     finally:
         engine.close()
     s = summarize_runs(results, steps)
@@ -118,10 +137,15 @@ def chain_acceptance(target, draft_dir, prompt_ids: list[list[int]], steps: int 
         k = rng.integers(0, len(results), len(results))
         if ver[k].sum() > 0:
             boots.append(acceptance_length(toks[k].sum(), ver[k].sum()))
-    return {"acceptance_length": s["acceptance_length"], "acceptance_length_se": float(np.std(boots, ddof=1))
-            if len(boots) > 1 else None, "prompts": len(results), "completion_tokens": s["completion_tokens"],
-            "verify_steps": s["verify_steps"], "position_acceptance": s["position_acceptance"],
-            "tokens_per_s": s["tokens_per_s"]}
+    return {
+        "acceptance_length": s["acceptance_length"],
+        "acceptance_length_se": float(np.std(boots, ddof=1)) if len(boots) > 1 else None,
+        "prompts": len(results),
+        "completion_tokens": s["completion_tokens"],
+        "verify_steps": s["verify_steps"],
+        "position_acceptance": s["position_acceptance"],
+        "tokens_per_s": s["tokens_per_s"],
+    }
 
 
 def heldout_prompts(target, val_file, limit: int) -> list[list[int]]:

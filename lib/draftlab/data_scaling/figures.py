@@ -12,8 +12,9 @@ from draftlab.data_scaling.plan import ARCHS
 # ---------------------------------------------------------------------------------- figures
 
 
-def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: float | None = None,
-                 metric: str = "sim_accept_len"):
+def plot_scaling(
+    results: list[dict], fits: dict, factor: float = 10.0, goal: float | None = None, metric: str = "sim_accept_len"
+):
     """Acceptance length vs training conversations (log x), both architectures, fits and 95% bands."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
 
@@ -33,13 +34,25 @@ def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: fl
         for src, marker in (("scaling", "o"), ("04", "s")):
             pts = [r for r in rows if r["source"] == src]
             if pts:
-                ax.errorbar([r["n"] for r in pts], [r[metric] for r in pts],
-                            yerr=[1.96 * (r.get(metric + "_se") or 0) for r in pts], fmt=marker, color=c,
-                            capsize=3, label=f"{labels[arch]}" + (" (04 draft)" if src == "04" else ""))
+                ax.errorbar(
+                    [r["n"] for r in pts],
+                    [r[metric] for r in pts],
+                    yerr=[1.96 * (r.get(metric + "_se") or 0) for r in pts],
+                    fmt=marker,
+                    color=c,
+                    capsize=3,
+                    label=f"{labels[arch]}" + (" (04 draft)" if src == "04" else ""),
+                )
         chain = [r for r in rows if r.get("chain_acceptance_length")]
         if chain:
-            ax.plot([r["n"] for r in chain], [r["chain_acceptance_length"] for r in chain], "x", color=c, ms=8,
-                    label=f"{labels[arch]}: real chain S={len(chain[0]['chain_position_acceptance'])}")
+            ax.plot(
+                [r["n"] for r in chain],
+                [r["chain_acceptance_length"] for r in chain],
+                "x",
+                color=c,
+                ms=8,
+                label=f"{labels[arch]}: real chain S={len(chain[0]['chain_position_acceptance'])}",
+            )
         for model, style in (("loglinear", "-"), ("saturating", "--")):
             fit = fits.get(arch, {}).get(model)
             if fit is None or not fit.ok:
@@ -54,8 +67,9 @@ def plot_scaling(results: list[dict], fits: dict, factor: float = 10.0, goal: fl
     if goal is not None and top >= 0.6 * goal:
         ax.axhline(goal, color="green", lw=0.8, ls="-.", label=f"goal {goal:g}")
     elif goal is not None:  # far above the data: say so instead of squashing the curves
-        ax.text(0.01, 0.98, f"goal {goal:g} (above this scale)", transform=ax.transAxes, va="top", fontsize=8,
-                color="green")
+        ax.text(
+            0.01, 0.98, f"goal {goal:g} (above this scale)", transform=ax.transAxes, va="top", fontsize=8, color="green"
+        )
     ax.set_xscale("log")
     ax.set_xlabel("regenerated training conversations (same epochs per sample)")
     what = "simulated from per-position rates" if metric == "sim_accept_len" else metric
@@ -89,13 +103,20 @@ def plot_extrapolation(extra: dict):
             if not m.get("ok"):
                 continue
             ax.plot([m["pred_now"]], [y], "o", color="grey")
-            ax.errorbar([m["pred_new"]], [y], xerr=[[max(0.0, m["pred_new"] - m["band_new"][0])],
-                                                   [max(0.0, m["band_new"][1] - m["pred_new"])]],
-                        fmt="D", color="tab:blue" if arch == "eagle3" else "tab:orange", capsize=3)
+            ax.errorbar(
+                [m["pred_new"]],
+                [y],
+                xerr=[[max(0.0, m["pred_new"] - m["band_new"][0])], [max(0.0, m["band_new"][1] - m["pred_new"])]],
+                fmt="D",
+                color="tab:blue" if arch == "eagle3" else "tab:orange",
+                capsize=3,
+            )
             ticks.append(y)
             cost = e.get("regeneration_hours")
-            labels.append(f"{arch} {model}\n{e['n_now']:,} -> {e['n_new']:,.0f} conv"
-                          + (f", +{cost:.2g} h regen" if cost is not None else ""))
+            labels.append(
+                f"{arch} {model}\n{e['n_now']:,} -> {e['n_new']:,.0f} conv"
+                + (f", +{cost:.2g} h regen" if cost is not None else "")
+            )
             y += 1
     ax.set_yticks(ticks, labels, fontsize=7)
     ax.set_xlabel("acceptance length: fitted now (grey) and predicted with more data (95% band)")
@@ -107,8 +128,19 @@ def summary_table(results: list[dict]):
     """A pandas table of the finished points (for the notebook)."""
     import pandas as pd
 
-    cols = ["arch", "n", "source", "sim_accept_len", "sim_accept_len_se", "chain_acceptance_length",
-            "chain_acceptance_length_se", "train_s", "eval_s", "train_tokens", "vocab_coverage"]
+    cols = [
+        "arch",
+        "n",
+        "source",
+        "sim_accept_len",
+        "sim_accept_len_se",
+        "chain_acceptance_length",
+        "chain_acceptance_length_se",
+        "train_s",
+        "eval_s",
+        "train_tokens",
+        "vocab_coverage",
+    ]
     df = pd.DataFrame(results)
     return df[[c for c in cols if c in df.columns]].sort_values(["arch", "n"]).reset_index(drop=True)
 
@@ -134,8 +166,10 @@ def print_plan(plan, settings, notes: list[str]) -> None:
 
 def print_regeneration(regen: dict) -> None:
     """The regeneration rate that prices the extra data (fits.regen_throughput)."""
-    print(f"regeneration: {regen['tok_s'] or float('nan'):.0f} completion tok/s ({regen['tok_s_source']}), "
-          f"{regen['mean_completion_tokens'] or float('nan'):.0f} completion tokens per conversation")
+    print(
+        f"regeneration: {regen['tok_s'] or float('nan'):.0f} completion tok/s ({regen['tok_s_source']}), "
+        f"{regen['mean_completion_tokens'] or float('nan'):.0f} completion tokens per conversation"
+    )
 
 
 def fits_as_dict(fits: dict) -> dict:
@@ -152,15 +186,22 @@ def findings(results: list[dict], extra: dict, deferred: list, metric: str = "si
         for model in MODELS:
             m = e.get(model, {})
             if m.get("ok"):
-                lines.append(f"  {model} fit: {e['n_new']:,.0f} conversations -> {m['pred_new']:.3f} "
-                             f"[95% {m['band_new'][0]:.3f}, {m['band_new'][1]:.3f}] (gain {m['gain']:+.3f})")
+                lines.append(
+                    f"  {model} fit: {e['n_new']:,.0f} conversations -> {m['pred_new']:.3f} "
+                    f"[95% {m['band_new'][0]:.3f}, {m['band_new'][1]:.3f}] (gain {m['gain']:+.3f})"
+                )
             else:
                 lines.append(f"  {model} fit: none ({m.get('reason', 'not fitted')})")
         if e.get("regeneration_hours") is not None:
-            lines.append(f"  the {e['extra_conversations']:,.0f} extra conversations cost about "
-                         f"{e['regeneration_hours']:.2f} h of regeneration at the measured rate"
-                         + (f" and {e['training_hours_at_new_size']:.2f} h of training" if e.get(
-                             "training_hours_at_new_size") else ""))
+            lines.append(
+                f"  the {e['extra_conversations']:,.0f} extra conversations cost about "
+                f"{e['regeneration_hours']:.2f} h of regeneration at the measured rate"
+                + (
+                    f" and {e['training_hours_at_new_size']:.2f} h of training"
+                    if e.get("training_hours_at_new_size")
+                    else ""
+                )
+            )
     e3 = {r["n"]: r[metric] for r in results if r["arch"] == "eagle3"}
     e1 = {r["n"]: r[metric] for r in results if r["arch"] == "eagle1"}
     both = sorted(set(e3) & set(e1))
@@ -175,20 +216,39 @@ def study_findings(results: list[dict], extra: dict, chain_extra: dict, deferred
     """The closing summary: simulated acceptance, then real chain decoding when it was measured."""
     lines = findings(results, extra, deferred)
     if chain_extra:
-        lines += ["real chain decoding:"] + findings([r for r in results if r.get("chain_acceptance_length")],
-                                                     chain_extra, [], metric="chain_acceptance_length")
+        lines += ["real chain decoding:"] + findings(
+            [r for r in results if r.get("chain_acceptance_length")], chain_extra, [], metric="chain_acceptance_length"
+        )
     return lines
 
 
-def study_metrics(plan, settings, notes: list[str], study: dict, fits: dict, chain_fits: dict, regen: dict,
-                  extra: dict, chain_extra: dict, lines: list[str]) -> dict:
+def study_metrics(
+    plan,
+    settings,
+    notes: list[str],
+    study: dict,
+    fits: dict,
+    chain_fits: dict,
+    regen: dict,
+    extra: dict,
+    chain_extra: dict,
+    lines: list[str],
+) -> dict:
     """Notebook 07's metrics.json section."""
     return {
-        "sizes": plan.sizes, "available_rows": plan.available, "recipe": settings.train,
-        "eval": settings.eval_settings(), "notes": notes,
-        "complete": not study["deferred"], "deferred": study["deferred"], "wall_s": study["wall_s"],
+        "sizes": plan.sizes,
+        "available_rows": plan.available,
+        "recipe": settings.train,
+        "eval": settings.eval_settings(),
+        "notes": notes,
+        "complete": not study["deferred"],
+        "deferred": study["deferred"],
+        "wall_s": study["wall_s"],
         "results": [{k: v for k, v in r.items() if k not in ("draft_dir", "key")} for r in study["results"]],
-        "fits": fits_as_dict(fits), "chain_fits": fits_as_dict(chain_fits),
-        "regeneration": regen, "extrapolation": extra, "chain_extrapolation": chain_extra,
+        "fits": fits_as_dict(fits),
+        "chain_fits": fits_as_dict(chain_fits),
+        "regeneration": regen,
+        "extrapolation": extra,
+        "chain_extrapolation": chain_extra,
         "findings": lines,
     }

@@ -71,8 +71,9 @@ def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
         p0 = [float(y.max()) + 0.2, max(float(y.max() - y.min()), 0.05), 0.5]
         bounds = ([float(y.max()) - 1e-6, 0.0, 1e-3], [np.inf, np.inf, 5.0])
     try:
-        params, cov = curve_fit(fn, n, y, p0=p0, sigma=sigma, absolute_sigma=sigma is not None, bounds=bounds,
-                                maxfev=20000)
+        params, cov = curve_fit(
+            fn, n, y, p0=p0, sigma=sigma, absolute_sigma=sigma is not None, bounds=bounds, maxfev=20000
+        )
     except (RuntimeError, ValueError) as exc:
         return Fit(model, [], [], len(n) - k, 1.0, False, f"fit failed: {exc}")
     dof = len(n) - k
@@ -84,11 +85,21 @@ def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
         return Fit(model, params.tolist(), cov.tolist(), dof, scale, False, "covariance not finite")
     # a parameter pinned at its bound leaves a covariance that means nothing (on 2026-12-02 the saturating
     # fit of four SGLang points sat at c = 0.001 and drew a 95% band of -1.7e8 .. -1044)
-    pinned = [name for name, value, lo, hi in zip(PARAMS[model], params, *(np.broadcast_to(b, k) for b in bounds))
-              if np.isclose(value, lo, rtol=1e-6, atol=1e-9) or np.isclose(value, hi, rtol=1e-6, atol=1e-9)]
+    pinned = [
+        name
+        for name, value, lo, hi in zip(PARAMS[model], params, *(np.broadcast_to(b, k) for b in bounds))
+        if np.isclose(value, lo, rtol=1e-6, atol=1e-9) or np.isclose(value, hi, rtol=1e-6, atol=1e-9)
+    ]
     if pinned:
-        return Fit(model, params.tolist(), cov.tolist(), dof, scale, False,
-                   f"{', '.join(pinned)} at its bound: these points do not pin the {model} curve down")
+        return Fit(
+            model,
+            params.tolist(),
+            cov.tolist(),
+            dof,
+            scale,
+            False,
+            f"{', '.join(pinned)} at its bound: these points do not pin the {model} curve down",
+        )
     return Fit(model, params.tolist(), cov.tolist(), dof, scale, True)
 
 
@@ -123,8 +134,13 @@ def regen_throughput(run_dir) -> dict:
     run_dir = Path(run_dir)
     rows = list(read_jsonl(run_dir / "data" / "regen" / "train.jsonl"))
     tokens = completion_tokens(rows)
-    out = {"conversations": len(rows), "completion_tokens": int(sum(tokens)),
-           "mean_completion_tokens": float(np.mean(tokens)) if tokens else None, "tok_s": None, "tok_s_source": None}
+    out = {
+        "conversations": len(rows),
+        "completion_tokens": int(sum(tokens)),
+        "mean_completion_tokens": float(np.mean(tokens)) if tokens else None,
+        "tok_s": None,
+        "tok_s_source": None,
+    }
     metrics = run_dir / "metrics.json"
     if metrics.is_file():
         m03 = json.loads(metrics.read_text()).get("03_regenerate", {})
@@ -150,8 +166,14 @@ def _find_key(obj, key):
     return None
 
 
-def extrapolate(fits: dict, results: list[dict], regen: dict, factor: float = 10.0, goal: float | None = None,
-                metric: str = "sim_accept_len") -> dict:
+def extrapolate(
+    fits: dict,
+    results: list[dict],
+    regen: dict,
+    factor: float = 10.0,
+    goal: float | None = None,
+    metric: str = "sim_accept_len",
+) -> dict:
     """Predicted acceptance at factor x the largest subset (95% band) per architecture and model,
     with the regeneration and training time the extra data would cost."""
     out = {}
@@ -162,22 +184,35 @@ def extrapolate(fits: dict, results: list[dict], regen: dict, factor: float = 10
         biggest = [r for r in rows if r["n"] == n_max and r.get("train_s")]
         sec_per_row = (biggest[0]["train_s"] / n_max) if biggest else None
         extra_rows = n_new - n_max
-        regen_s = (extra_rows * regen["mean_completion_tokens"] / regen["tok_s"]
-                   if regen.get("tok_s") and regen.get("mean_completion_tokens") else None)
-        entry = {"n_now": n_max, "n_new": n_new, "measured_now": max((r[metric] for r in rows
-                                                                       if r["n"] == n_max), default=None),
-                 "extra_conversations": extra_rows,
-                 "regeneration_hours": regen_s / 3600 if regen_s is not None else None,
-                 "training_hours_at_new_size": sec_per_row * n_new / 3600 if sec_per_row else None}
+        regen_s = (
+            extra_rows * regen["mean_completion_tokens"] / regen["tok_s"]
+            if regen.get("tok_s") and regen.get("mean_completion_tokens")
+            else None
+        )
+        entry = {
+            "n_now": n_max,
+            "n_new": n_new,
+            "measured_now": max((r[metric] for r in rows if r["n"] == n_max), default=None),
+            "extra_conversations": extra_rows,
+            "regeneration_hours": regen_s / 3600 if regen_s is not None else None,
+            "training_hours_at_new_size": sec_per_row * n_new / 3600 if sec_per_row else None,
+        }
         for model, fit in by_model.items():
             if not fit.ok:
                 entry[model] = {"ok": False, "reason": fit.reason}
                 continue
             lo, hi = fit.band([n_max, n_new])
             pred = fit.predict([n_max, n_new])
-            e = {"ok": True, "params": fit.params, "pred_now": float(pred[0]), "pred_new": float(pred[1]),
-                 "band_new": [float(lo[1]), float(hi[1])], "gain": float(pred[1] - pred[0]), "dof": fit.dof,
-                 "cov_scale": fit.scale}
+            e = {
+                "ok": True,
+                "params": fit.params,
+                "pred_now": float(pred[0]),
+                "pred_new": float(pred[1]),
+                "band_new": [float(lo[1]), float(hi[1])],
+                "gain": float(pred[1] - pred[0]),
+                "dof": fit.dof,
+                "cov_scale": fit.scale,
+            }
             if goal is not None:
                 e["goal"] = goal
                 e["reaches_goal"] = bool(lo[1] >= goal) if lo[1] >= goal else (False if hi[1] < goal else None)

@@ -15,9 +15,24 @@ from draftlab.train_draft import find_checkpoint
 
 ARCHS = ("eagle3", "eagle1")
 # TrainConfig fields that make up the recipe; two drafts are comparable only when these agree.
-RECIPE_KEYS = ("epochs", "lr", "draft_vocab_size", "max_len", "overlong", "ttt_steps", "step_decay",
-               "batch_tokens", "max_batch", "grad_accum", "warmup_ratio", "weight_decay", "grad_clip",
-               "intermediate_size", "init_from_target", "capture_layers")
+RECIPE_KEYS = (
+    "epochs",
+    "lr",
+    "draft_vocab_size",
+    "max_len",
+    "overlong",
+    "ttt_steps",
+    "step_decay",
+    "batch_tokens",
+    "max_batch",
+    "grad_accum",
+    "warmup_ratio",
+    "weight_decay",
+    "grad_clip",
+    "intermediate_size",
+    "init_from_target",
+    "capture_layers",
+)
 
 
 class ScalingError(RuntimeError):

@@ -11,9 +11,7 @@ prompt ids (draftlab.benchmark_acceptance.sglang_live); `table` joins both into 
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +31,6 @@ from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.recipe_rows import EXTRA_ROWS, ROWS, recipe, row_train_file
 from draftlab.data_scaling.volume import grow_train
 from draftlab.train_draft import (
-    OBJECTIVE_VARIANTS,
     TrainConfig,
     child_env,
     cli_args,
@@ -55,8 +52,17 @@ def grow_rows(rows: list[str], train_file: str, regenerated: str) -> dict[str, d
 
 def row_config(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> TrainConfig:
     """One row's TrainConfig: its recipe, training into OUT/<row>/train, with what every row shares in OUT."""
-    return TrainConfig.from_dict({**recipe(row), "train_file": row_train_file(row, train_file), "val_file": val_file,
-                                  "out_dir": str(out / row / "train"), "target": target, **shared(out), **extra})
+    return TrainConfig.from_dict(
+        {
+            **recipe(row),
+            "train_file": row_train_file(row, train_file),
+            "val_file": val_file,
+            "out_dir": str(out / row / "train"),
+            "target": target,
+            **shared(out),
+            **extra,
+        }
+    )
 
 
 def shared(out: Path) -> dict:
@@ -67,8 +73,15 @@ def shared(out: Path) -> dict:
 
 def train_command(row: str, cfg: TrainConfig, out: Path) -> list[str]:
     """`draftlab train` for one row, resumable and exporting its draft to OUT/<row>/draft at the end."""
-    return [sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=True), "--export",
-            str(out / row / "draft")]
+    return [
+        sys.executable,
+        "-m",
+        "draftlab.cli",
+        "train",
+        *cli_args(cfg, resume=True),
+        "--export",
+        str(out / row / "draft"),
+    ]
 
 
 def trained(out: Path, row: str) -> bool:
@@ -90,8 +103,17 @@ def row_status(out: Path, row: str, rc: int | None) -> str:
     return f"failed (exit {rc})"
 
 
-def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, target: str = "embedded",
-               parallel: int = 1, deadline: float | None = None, extra: dict | None = None) -> dict[str, str]:
+def train_rows(
+    rows: list[str],
+    train_file: str,
+    val_file: str,
+    out: Path,
+    *,
+    target: str = "embedded",
+    parallel: int = 1,
+    deadline: float | None = None,
+    extra: dict | None = None,
+) -> dict[str, str]:
     """Train the rows not trained yet, `parallel` at a time, each until it ends or `deadline`
     (time.time()): it checkpoints and stops itself STOP_MARGIN_S before (stop_at), and is killed at the
     deadline if still running; a cut row resumes from its checkpoint on the next call.
@@ -102,9 +124,10 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
     status = {r: "done" for r in rows if r not in todo}
     for r in todo:
         if not Path(cfgs[r].train_file).is_file():
-            raise InputError(f"recipe row {r}: its train file {cfgs[r].train_file} is missing"
-                             + (" (grown by `draftlab recipes grow` from the regenerated extra prompts)"
-                                if r in EXTRA_ROWS else ""))  # before any row starts
+            raise InputError(
+                f"recipe row {r}: its train file {cfgs[r].train_file} is missing"
+                + (" (grown by `draftlab recipes grow` from the regenerated extra prompts)" if r in EXTRA_ROWS else "")
+            )  # before any row starts
     deadline = deadline or float("inf")
     if todo:
         tokenize_first([cfgs[r] for r in todo])
@@ -127,65 +150,6 @@ def train_rows(rows: list[str], train_file: str, val_file: str, out: Path, *, ta
     return status
 
 
-# ---- the training-speed check ------------------------------------------------------------------------
-SPEED_NOTE = ("draftlab train, the reference recipe (recipe_rows.BASE), the study's regenerated data, one process "
-              "each, one after the other")
-
-
-# the objective's variants, and the compiled one on offline target states (the forward paid once, not per step)
-SPEED_VARIANTS = {**OBJECTIVE_VARIANTS, "offline": {"compile": True, "hidden": "offline"}}
-
-
-def speed_config(variant: str, train_file: str, val_file: str, out: Path, target: str, steps: int, samples: int,
-                 extra: dict) -> TrainConfig:
-    """The reference recipe for `steps` steps by one variant (SPEED_VARIANTS), in OUT/speed/<variant>."""
-    if variant not in SPEED_VARIANTS:
-        raise InputError(f"speed variant {variant!r}: expected one of {', '.join(SPEED_VARIANTS)}")
-    return TrainConfig.from_dict({**recipe("base"), "train_file": train_file, "val_file": val_file,
-                                  "out_dir": str(out / "speed" / variant), "target": target, **shared(out),
-                                  "stop_after": steps, "max_train_samples": samples, "log_every": 10,
-                                  "save_every": 10**6, **SPEED_VARIANTS[variant], **extra})
-
-
-def rate_after_warmup(rows: list[dict]) -> dict | None:
-    """tok/s between the first and the last logged rows of a train.csv (the first window is warm-up);
-    None with fewer than three rows. Each row's tokens_per_s is cumulative since the start."""
-    if len(rows) < 3:
-        return None
-    a, b = rows[0], rows[-1]
-    ta, tb = float(a["elapsed_s"]), float(b["elapsed_s"])
-    tokens = float(b["tokens_per_s"]) * tb - float(a["tokens_per_s"]) * ta
-    return {"steps": int(b["step"]), "tok_s_after_warmup": tokens / (tb - ta),
-            "tok_s_cumulative": float(b["tokens_per_s"]), "loss": float(b["loss"])}
-
-
-def check_speed(variants: list[str], train_file: str, val_file: str, out: Path, *, target: str = "embedded",
-                steps: int = 30, samples: int = 0, per_variant_s: float = 240, deadline: float | None = None,
-                extra: dict | None = None) -> dict:
-    """Each objective variant trains the reference recipe for `steps` steps, one after the other on the
-    tokens every row shares; their rates after the first logged window (and the loss there, which should
-    agree) in OUT/speed.json. Why: which implementation the study's rows should train with."""
-    cfgs = {v: speed_config(v, train_file, val_file, out, target, steps, samples, extra or {}) for v in variants}
-    tokenize_first(list(cfgs.values()))
-    precompute_first(list(cfgs.values()))  # (before the clock: the rows' parent pays it once too)
-    deadline = deadline or float("inf")
-    res = {}
-    for variant, cfg in cfgs.items():
-        shutil.rmtree(cfg.out_dir, ignore_errors=True)
-        Path(cfg.out_dir).mkdir(parents=True)
-        with open(out / "speed" / f"{variant}.log", "wb") as log:
-            rc = run_until([sys.executable, "-m", "draftlab.cli", "train", *cli_args(cfg, resume=False)],
-                           min(time.time() + per_variant_s, deadline), stdout=log, stderr=log, env=child_env(1))
-        log_csv = Path(cfg.out_dir) / "train.csv"
-        rate = rate_after_warmup(list(csv.DictReader(log_csv.read_text().splitlines()))) if log_csv.is_file() else None
-        print(f"speed {variant}: exit {'cut' if rc is None else rc}, {rate}", flush=True)
-        if rate:
-            res[variant] = rate
-    res["note"] = SPEED_NOTE
-    atomic_write_json(out / "speed.json", res, indent=1)
-    return res
-
-
 def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict], dict[str, range]]:
     """The held-out split's first `samples` prompts, then HumanEval's first `humaneval`: (prompts, index ranges)."""
     prompts = load_eval_set(held_out, None, samples)
@@ -195,16 +159,31 @@ def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict]
     return prompts + code, {"held_out": range(len(prompts)), "humaneval": range(len(prompts), len(prompts) + len(code))}
 
 
-def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, concurrency: list[int], port: int,
-                chain: list[int] | None = None, chain_rows: list[str] | None = None, max_running_requests: int = 64,
-                mem_fraction_static: float = 0.9, max_total_tokens: int = 65536) -> list[Entry]:
+def row_entries(
+    rows: list[str],
+    out: Path,
+    model_path: str,
+    *,
+    steps: int,
+    concurrency: list[int],
+    port: int,
+    chain: list[int] | None = None,
+    chain_rows: list[str] | None = None,
+    max_running_requests: int = 64,
+    mem_fraction_static: float = 0.9,
+    max_total_tokens: int = 65536,
+) -> list[Entry]:
     """SGLang's plain baseline once, then for each row's draft one server per chain length S of `chain`
     (default: `steps` alone; only for the rows of `chain_rows` when given), each on ports of its own. The
     server at `steps` is labelled with the row and measured at every concurrency; the others, '<row> S<s>',
     at the first concurrency only (their acceptance and speed, from the same kind of window as the main
     server's)."""
-    extra = DEFAULT_SERVER_FLAGS + ("--mem-fraction-static", str(mem_fraction_static),
-                                    "--max-total-tokens", str(max_total_tokens))
+    extra = DEFAULT_SERVER_FLAGS + (
+        "--mem-fraction-static",
+        str(mem_fraction_static),
+        "--max-total-tokens",
+        str(max_total_tokens),
+    )
     more = sorted(set(chain or []) - {steps})  # the main server first: the baseline comes with it
     servers = [(row, s) for row in rows for s in [steps] + (more if chain_rows is None or row in chain_rows else [])]
     if 2 * len(servers) >= NCCL_PORT_OFFSET:
@@ -212,10 +191,18 @@ def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, conc
     entries = []
     for k, (row, s) in enumerate(servers):
         # two ports a server (study_entries' baseline and chain; NCCL on those + NCCL_PORT_OFFSET)
-        base, server = study_entries(model_path, str(out / row / "draft"), chain=[s], main_steps=s, trees=[],
-                                     concurrency=list(concurrency) if s == steps else list(concurrency[:1]),
-                                     wrong_flag=False, max_running_requests=max_running_requests, port=port + 2 * k,
-                                     extra=extra)
+        base, server = study_entries(
+            model_path,
+            str(out / row / "draft"),
+            chain=[s],
+            main_steps=s,
+            trees=[],
+            concurrency=list(concurrency) if s == steps else list(concurrency[:1]),
+            wrong_flag=False,
+            max_running_requests=max_running_requests,
+            port=port + 2 * k,
+            extra=extra,
+        )
         if k == 0:
             entries.append(base)
         server.label = row if s == steps else f"{row} S{s}"
@@ -228,10 +215,21 @@ def row_entries(rows: list[str], out: Path, model_path: str, *, steps: int, conc
 MEASURED_CONCURRENCY = (16, 1)
 
 
-def measure_rows(rows: list[str], out: Path, model_path: str, prompt_ids: list[list[int]], sets: dict[str, range], *,
-                 steps: int = 6, chain: list[int] | None = None, chain_rows: list[str] | None = None,
-                 concurrency=MEASURED_CONCURRENCY, env: dict | None = None, deadline: float | None = None,
-                 port: int = 32000) -> list[str]:
+def measure_rows(
+    rows: list[str],
+    out: Path,
+    model_path: str,
+    prompt_ids: list[list[int]],
+    sets: dict[str, range],
+    *,
+    steps: int = 6,
+    chain: list[int] | None = None,
+    chain_rows: list[str] | None = None,
+    concurrency=MEASURED_CONCURRENCY,
+    env: dict | None = None,
+    deadline: float | None = None,
+    port: int = 32000,
+) -> list[str]:
     """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
     and each S of `chain` (for the rows of `chain_rows`; None: all); OUT/sglang/. Per concurrency one
     unmeasured and one measured window over every prompt; acceptance per prompt comes from the first
@@ -239,15 +237,25 @@ def measure_rows(rows: list[str], out: Path, model_path: str, prompt_ids: list[l
     ready = [r for r in rows if trained(out, r)]
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
-    entries = row_entries(ready, out, model_path, steps=steps, concurrency=concurrency, port=port, chain=chain,
-                          chain_rows=chain_rows)
+    entries = row_entries(
+        ready, out, model_path, steps=steps, concurrency=concurrency, port=port, chain=chain, chain_rows=chain_rows
+    )
     sglang = out / "sglang"
     sglang.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(sglang / "plan.json", {"steps": steps, "concurrency": list(concurrency), "prompt_ids": prompt_ids,
-                                             "sets": {k: [v.start, v.stop] for k, v in sets.items()},
-                                             "entries": [e.__dict__ for e in entries]}, indent=1)
-    return measure(entries, prompt_ids, sglang, repeats=1, warmup=1, env=env, deadline=deadline,
-                   samples=len(prompt_ids))
+    atomic_write_json(
+        sglang / "plan.json",
+        {
+            "steps": steps,
+            "concurrency": list(concurrency),
+            "prompt_ids": prompt_ids,
+            "sets": {k: [v.start, v.stop] for k, v in sets.items()},
+            "entries": [e.__dict__ for e in entries],
+        },
+        indent=1,
+    )
+    return measure(
+        entries, prompt_ids, sglang, repeats=1, warmup=1, env=env, deadline=deadline, samples=len(prompt_ids)
+    )
 
 
 def served(replies: list[dict], indices: range) -> tuple[list[int], list[int]]:
@@ -270,12 +278,19 @@ def acceptance_by_steps(out: Path) -> pd.DataFrame:
     for e in (e for e in plan["entries"] if e["algorithm"]):
         replies = replies_of(out / "sglang", e["label"])
         for name, idx in sets.items():
-            lines.append({"row": e["label"].split(" S")[0], "steps": e["steps"], "set": name,
-                          "acceptance": acceptance_length(*served(replies, idx))})
+            lines.append(
+                {
+                    "row": e["label"].split(" S")[0],
+                    "steps": e["steps"],
+                    "set": name,
+                    "acceptance": acceptance_length(*served(replies, idx)),
+                }
+            )
     df = pd.DataFrame(lines, columns=["row", "steps", "set", "acceptance"])
     order = {row: k for k, row in enumerate(dict.fromkeys(df["row"]))}
-    return df.sort_values(["row", "steps", "set"], key=lambda c: c.map(order) if c.name == "row" else c,
-                          ignore_index=True)
+    return df.sort_values(
+        ["row", "steps", "set"], key=lambda c: c.map(order) if c.name == "row" else c, ignore_index=True
+    )
 
 
 def speed_by_steps(out: Path) -> pd.DataFrame:
@@ -286,10 +301,17 @@ def speed_by_steps(out: Path) -> pd.DataFrame:
     first = int(_levels(plan)[0])
     tok_s = _measured_tok_s(sglang)
     base = tok_s.get(("baseline", first))
-    lines = [{"row": e["label"].split(" S")[0], "steps": e["steps"], "concurrency": first,
-              "tok_s": tok_s.get((e["label"], first)),
-              "speedup": tok_s[(e["label"], first)] / base if base and (e["label"], first) in tok_s else None}
-             for e in plan["entries"] if e["algorithm"]]
+    lines = [
+        {
+            "row": e["label"].split(" S")[0],
+            "steps": e["steps"],
+            "concurrency": first,
+            "tok_s": tok_s.get((e["label"], first)),
+            "speedup": tok_s[(e["label"], first)] / base if base and (e["label"], first) in tok_s else None,
+        }
+        for e in plan["entries"]
+        if e["algorithm"]
+    ]
     return pd.DataFrame(lines, columns=["row", "steps", "concurrency", "tok_s", "speedup"])
 
 
@@ -324,10 +346,14 @@ def table(out: Path) -> pd.DataFrame:
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]
-        line = {"row": row, "change": json.dumps(overrides) if overrides else "-", "question": why,
-                # acceptance comes from the first level's replies, and it moves with the batch: base measured
-                # 3.17 at 16 and 3.06 at 1 (2026-12-02), so a table says which
-                "acceptance_concurrency": levels[0] if levels else None}
+        line = {
+            "row": row,
+            "change": json.dumps(overrides) if overrides else "-",
+            "question": why,
+            # acceptance comes from the first level's replies, and it moves with the batch: base measured
+            # 3.17 at 16 and 3.06 at 1 (2026-12-02), so a table says which
+            "acceptance_concurrency": levels[0] if levels else None,
+        }
         replies = replies_of(sglang, row)
         for name, idx in sets.items():
             line[f"sglang_acceptance_{name}"] = acceptance_length(*served(replies, idx))
@@ -339,10 +365,14 @@ def table(out: Path) -> pd.DataFrame:
         if summary.is_file():
             s = json.loads(summary.read_text())
             # the rate over every call (summaries from before 2026-12-02 have only the last call's)
-            line.update({"train_minutes": s["elapsed_total_s"] / 60,
-                         "train_tok_s": s.get("tokens_per_s_all_calls") or s["tokens_per_s"],
-                         "val_sim_acceptance": (s.get("eval") or {}).get("sim_accept_len"),
-                         "val_acc_0": (s.get("eval") or {}).get("acc_0")})
+            line.update(
+                {
+                    "train_minutes": s["elapsed_total_s"] / 60,
+                    "train_tok_s": s.get("tokens_per_s_all_calls") or s["tokens_per_s"],
+                    "val_sim_acceptance": (s.get("eval") or {}).get("sim_accept_len"),
+                    "val_acc_0": (s.get("eval") or {}).get("acc_0"),
+                }
+            )
         lines.append(line)
     return pd.DataFrame(lines)
 
@@ -382,12 +412,18 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
 
     fig, ax = plt.subplots(figsize=(1.2 * len(df) + 3, 4))
     x = range(len(df))
-    for off, (col, name) in zip((-0.2, 0.2), (("sglang_acceptance_held_out", "held-out"),
-                                                ("sglang_acceptance_humaneval", "HumanEval"))):
+    for off, (col, name) in zip(
+        (-0.2, 0.2), (("sglang_acceptance_held_out", "held-out"), ("sglang_acceptance_humaneval", "HumanEval"))
+    ):
         ax.bar([i + off for i in x], df[col].fillna(0), width=0.4, label=name)
     if "base" in set(df["row"]):
-        ax.axhline(float(df.loc[df["row"] == "base", "sglang_acceptance_held_out"].iloc[0]), color="grey", ls="--",
-                   lw=1, label="base, held-out")
+        ax.axhline(
+            float(df.loc[df["row"] == "base", "sglang_acceptance_held_out"].iloc[0]),
+            color="grey",
+            ls="--",
+            lw=1,
+            label="base, held-out",
+        )
     ax.axhline(goal, color="green", ls="-.", lw=1, label=f"goal {goal:g} (issue 18)")
     ax.set_xticks(list(x), df["row"])
     ax.set_ylim(0, 1.25 * max(goal, float(df["sglang_acceptance_held_out"].max())))  # room for the legend
@@ -411,8 +447,14 @@ def plot_by_steps(by_steps: pd.DataFrame, speed: pd.DataFrame, path: Path):
         for name, style in (("held_out", "-"), ("humaneval", "--")):
             line = group[group["set"] == name].sort_values("steps")
             if not line.empty:
-                ax.plot(line["steps"], line["acceptance"], style, marker="o", color=colors[row],
-                        label=f"{row}, {name.replace('_', '-')}")
+                ax.plot(
+                    line["steps"],
+                    line["acceptance"],
+                    style,
+                    marker="o",
+                    color=colors[row],
+                    label=f"{row}, {name.replace('_', '-')}",
+                )
     for row, group in speed.dropna().groupby("row", sort=False):
         line = group.sort_values("steps")
         sx.plot(line["steps"], line["speedup"], marker="o", color=colors.get(row, "k"), label=row)

@@ -36,10 +36,19 @@ def size_points(combined: pd.DataFrame) -> list[dict]:
         acceptance = acceptance_length(tokens, verify)
         if acceptance is None:
             continue
-        points.append({"arch": "eagle3", "source": "scaling", "row": line["row"], "n": summary["train_stats"]["kept"],
-                       METRIC: acceptance, f"{METRIC}_se": acceptance_se(tokens, verify),
-                       "prompts": len(tokens), "train_s": summary["elapsed_total_s"],
-                       "concurrency": _concurrency(line)})
+        points.append(
+            {
+                "arch": "eagle3",
+                "source": "scaling",
+                "row": line["row"],
+                "n": summary["train_stats"]["kept"],
+                METRIC: acceptance,
+                f"{METRIC}_se": acceptance_se(tokens, verify),
+                "prompts": len(tokens),
+                "train_s": summary["elapsed_total_s"],
+                "concurrency": _concurrency(line),
+            }
+        )
     return sorted(points, key=lambda p: p["n"])
 
 
@@ -49,18 +58,22 @@ def _concurrency(line: pd.Series) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def write_size_curve(combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0,
-                     goal: float = 4.0) -> tuple[dict, object]:
+def write_size_curve(
+    combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
+) -> tuple[dict, object]:
     """OUT/size_curve.json (points, fits, the extrapolation to `factor` x the largest set with its
     regeneration and training hours) and OUT/size_curve.png; `regeneration` is a measured
     {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its source.
     Returns (that result, the figure; None without a point)."""
     points = size_points(combined)
     fits = fit_all(points, metric=METRIC) if points else {}
-    result = {"points": points, "fits": fits_as_dict(fits), "regeneration": regeneration,
-              "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
-              "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets "
-                      "(recipe_rows.ROWS)"}
+    result = {
+        "points": points,
+        "fits": fits_as_dict(fits),
+        "regeneration": regeneration,
+        "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
+        "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipe_rows.ROWS)",
+    }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
     fig = None
@@ -76,29 +89,39 @@ def size_curve_lines(result: dict) -> list[str]:
     """What the curve says, from its own figures: each point, each fit at the extrapolated size, the cost."""
     if not result["points"]:
         return ["no data-size row measured in SGLang yet (recipes.sh with ROWS=n1351,...)"]
-    lines = [f"{p['row']}: {p['n']:,} conversations -> {p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f} "
-             f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
-             for p in result["points"]]
+    lines = [
+        f"{p['row']}: {p['n']:,} conversations -> {p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f} "
+        f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
+        for p in result["points"]
+    ]
     batches = sorted({p.get("concurrency") for p in result["points"]}, key=lambda b: (b is None, b or 0))
     if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 on 2026-12-02)
-        lines.append(f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
-                     "size rows at one concurrency")
+        lines.append(
+            f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
+            "size rows at one concurrency"
+        )
     extra = result["extrapolation"].get("eagle3", {})
     for model in ("loglinear", "saturating"):
         fit = extra.get(model, {})
-        lines.append(f"{model}: {fit['pred_new']:.2f} at {extra['n_new']:,.0f} conversations (95%: "
-                     f"{fit['band_new'][0]:.2f}-{fit['band_new'][1]:.2f})" if fit.get("ok")
-                     else f"{model}: no fit ({fit.get('reason', 'no points')})")
+        lines.append(
+            f"{model}: {fit['pred_new']:.2f} at {extra['n_new']:,.0f} conversations (95%: "
+            f"{fit['band_new'][0]:.2f}-{fit['band_new'][1]:.2f})"
+            if fit.get("ok")
+            else f"{model}: no fit ({fit.get('reason', 'no points')})"
+        )
     if extra.get("regeneration_hours") is not None:
-        lines.append(f"the extra {extra['extra_conversations']:,.0f} conversations: "
-                     f"{extra['regeneration_hours']:.2f} h of regeneration at "
-                     f"{result['regeneration']['tok_s']:,.0f} tok/s, then "
-                     f"{extra['training_hours_at_new_size']:.2f} h of training at the largest point's rate")
+        lines.append(
+            f"the extra {extra['extra_conversations']:,.0f} conversations: "
+            f"{extra['regeneration_hours']:.2f} h of regeneration at "
+            f"{result['regeneration']['tok_s']:,.0f} tok/s, then "
+            f"{extra['training_hours_at_new_size']:.2f} h of training at the largest point's rate"
+        )
     return lines
 
 
-def sglang_size_curve(studies: list[str], out: Path, regeneration: dict, factor: float = 10.0,
-                      goal: float = 4.0) -> tuple[dict | None, object]:
+def sglang_size_curve(
+    studies: list[str], out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
+) -> tuple[dict | None, object]:
     """Notebook 07's section in SGLang: the curve of these recipe-study folders (none given: (None, None)),
     printed; returns (result, figure)."""
     if not studies:

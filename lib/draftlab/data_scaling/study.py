@@ -49,20 +49,52 @@ class StudySettings:
     side_by_side: bool = False  # train a subset's archs at once, one process each (hidden online)
 
     def eval_settings(self) -> dict:
-        return {"val_samples": self.val_samples, "spec_prompts": self.spec_prompts, "spec_steps": self.spec_steps,
-                "spec_max_new_tokens": self.spec_max_new_tokens}
+        return {
+            "val_samples": self.val_samples,
+            "spec_prompts": self.spec_prompts,
+            "spec_steps": self.spec_steps,
+            "spec_max_new_tokens": self.spec_max_new_tokens,
+        }
 
 
-def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, max_len, ttt_steps, batch_tokens,
-                   max_batch, lr, checkpoint_every, val_samples, spec_prompts, spec_steps, spec_max_new_tokens,
-                   time_budget_s, seed, threads: int = 2, intermediate_size: int = 0,
-                   hidden: str = "online", side_by_side: bool = False) -> tuple[StudySettings, list[str]]:
+def study_settings(
+    run_dir,
+    *,
+    from_04: bool,
+    archs,
+    epochs,
+    draft_vocab_size,
+    max_len,
+    ttt_steps,
+    batch_tokens,
+    max_batch,
+    lr,
+    checkpoint_every,
+    val_samples,
+    spec_prompts,
+    spec_steps,
+    spec_max_new_tokens,
+    time_budget_s,
+    seed,
+    threads: int = 2,
+    intermediate_size: int = 0,
+    hidden: str = "online",
+    side_by_side: bool = False,
+) -> tuple[StudySettings, list[str]]:
     """The notebook's parameters as StudySettings; with from_04 the recipe is notebook 04's own (its
     checkpoint's TrainConfig), so that 04's drafts are the study's largest points."""
-    train = {"epochs": float(epochs), "draft_vocab_size": int(draft_vocab_size), "max_len": int(max_len),
-             "ttt_steps": int(ttt_steps), "batch_tokens": int(batch_tokens), "max_batch": int(max_batch),
-             "lr": float(lr), "save_every": int(checkpoint_every), "threads": int(threads),
-             "intermediate_size": int(intermediate_size)}
+    train = {
+        "epochs": float(epochs),
+        "draft_vocab_size": int(draft_vocab_size),
+        "max_len": int(max_len),
+        "ttt_steps": int(ttt_steps),
+        "batch_tokens": int(batch_tokens),
+        "max_batch": int(max_batch),
+        "lr": float(lr),
+        "save_every": int(checkpoint_every),
+        "threads": int(threads),
+        "intermediate_size": int(intermediate_size),
+    }
     if hidden not in ("online", "offline"):
         raise ScalingError(f"HIDDEN = {hidden!r}: expected online or offline")
     notes = []
@@ -74,11 +106,18 @@ def study_settings(run_dir, *, from_04: bool, archs, epochs, draft_vocab_size, m
             changed = {k: v for k, v in theirs.items() if train.get(k) != v}
             train.update(theirs)
             notes.append(f"recipe taken from 04: {changed}")
-    return StudySettings(archs=list(archs), train=train, hidden=hidden, val_samples=int(val_samples),
-                         spec_prompts=int(spec_prompts),
-                         spec_steps=int(spec_steps), spec_max_new_tokens=int(spec_max_new_tokens),
-                         time_budget_s=float(time_budget_s), seed=int(seed),
-                         side_by_side=bool(side_by_side) and hidden == "online"), notes
+    return StudySettings(
+        archs=list(archs),
+        train=train,
+        hidden=hidden,
+        val_samples=int(val_samples),
+        spec_prompts=int(spec_prompts),
+        spec_steps=int(spec_steps),
+        spec_max_new_tokens=int(spec_max_new_tokens),
+        time_budget_s=float(time_budget_s),
+        seed=int(seed),
+        side_by_side=bool(side_by_side) and hidden == "online",
+    ), notes
 
 
 def work_items(plan: StudyPlan, settings: StudySettings) -> list[tuple[str, int]]:
@@ -90,8 +129,16 @@ def work_items(plan: StudyPlan, settings: StudySettings) -> list[tuple[str, int]
     return [(a, n) for n in plan.sizes for a in settings.archs]
 
 
-def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, settings: StudySettings,
-              extra_points: list[dict] | None = None, progress: bool = True) -> dict:
+def run_study(
+    target,
+    target_spec: str,
+    device: str,
+    plan: StudyPlan,
+    out_dir,
+    settings: StudySettings,
+    extra_points: list[dict] | None = None,
+    progress: bool = True,
+) -> dict:
     """Train + measure every (arch, n) not yet done; each result is appended to results.jsonl at once.
 
     extra_points: already-trained drafts to measure the same way (e.g. notebook 04's, trained on
@@ -108,8 +155,9 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
 
         torch.set_num_threads(max(1, int(train_cfg.threads)))
     ev = settings.eval_settings()
-    val_ds, val_stats = load_val(plan.val_file, target.tokenizer, train_cfg.max_len,
-                                 train_cfg.overlong, out / "tokens", settings.val_samples)
+    val_ds, val_stats = load_val(
+        plan.val_file, target.tokenizer, train_cfg.max_len, train_cfg.overlong, out / "tokens", settings.val_samples
+    )
     held = HeldOut(target, val_ds, train_cfg.capture_layers or target.capture_layers, progress)
     prompts = heldout_prompts(target, plan.val_file, settings.spec_prompts) if settings.spec_prompts else None
     have = done_keys(results_path)
@@ -123,15 +171,30 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         """Every point is measured from its exported folder (bf16 weights, as a server loads them)."""
         t0 = time.monotonic()
         draft = load_draft(draft_dir, target)
-        sim = simulated_acceptance(target, draft, held, train_cfg.ttt_steps,
-                                   train_cfg.step_decay, seed=settings.seed, progress=progress)
-        row = {"arch": arch, "n": n, "source": source, "sim_accept_len": sim["sim_accept_len"],
-               "sim_accept_len_se": sim["sim_accept_len_se"],
-               "acc": [sim[f"acc_{i}"] for i in range(train_cfg.ttt_steps)],
-               "val_conversations": sim["conversations"], "val_scored_tokens": sim["scored_tokens"], **extra}
+        sim = simulated_acceptance(
+            target, draft, held, train_cfg.ttt_steps, train_cfg.step_decay, seed=settings.seed, progress=progress
+        )
+        row = {
+            "arch": arch,
+            "n": n,
+            "source": source,
+            "sim_accept_len": sim["sim_accept_len"],
+            "sim_accept_len_se": sim["sim_accept_len_se"],
+            "acc": [sim[f"acc_{i}"] for i in range(train_cfg.ttt_steps)],
+            "val_conversations": sim["conversations"],
+            "val_scored_tokens": sim["scored_tokens"],
+            **extra,
+        }
         if prompts:
-            ch = chain_acceptance(target, draft_dir, prompts, settings.spec_steps, settings.spec_max_new_tokens,
-                                  seed=settings.seed, progress=progress)
+            ch = chain_acceptance(
+                target,
+                draft_dir,
+                prompts,
+                settings.spec_steps,
+                settings.spec_max_new_tokens,
+                seed=settings.seed,
+                progress=progress,
+            )
             row.update({f"chain_{k}": v for k, v in ch.items()})
         row["eval_s"] = round(time.monotonic() - t0, 2)
         del draft
@@ -148,10 +211,21 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         """(TrainConfig, folder) of one subset; one folder per recipe (train.py refuses to resume a
         checkpoint made with other settings)."""
         sub = out / arch / f"n{n}-{settings_key(arch, n, recipe, {})}"
-        cfg = TrainConfig.from_dict({**settings.train, "train_file": str(plan.train_file), "val_file": "",
-                                     "out_dir": str(sub / "train"), "target": target_spec, "arch": arch,
-                                     "device": device, "max_train_samples": n, "hidden": settings.hidden,
-                                     "hidden_dir": str(out / "hidden" / f"n{n}"), "seed": settings.seed})
+        cfg = TrainConfig.from_dict(
+            {
+                **settings.train,
+                "train_file": str(plan.train_file),
+                "val_file": "",
+                "out_dir": str(sub / "train"),
+                "target": target_spec,
+                "arch": arch,
+                "device": device,
+                "max_train_samples": n,
+                "hidden": settings.hidden,
+                "hidden_dir": str(out / "hidden" / f"n{n}"),
+                "seed": settings.seed,
+            }
+        )
         return cfg, sub
 
     items = work_items(plan, settings)
@@ -163,8 +237,12 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         elapsed = time.monotonic() - t_start
         guess = sec_per_sample.get(arch, 0.0) * n
         # with no measurement yet (guess 0) a subset runs anyway: a killed one resumes from its checkpoints
-        if ((arch, n) not in trained_together and settings.time_budget_s and (ran or guess)
-                and elapsed + guess > settings.time_budget_s):
+        if (
+            (arch, n) not in trained_together
+            and settings.time_budget_s
+            and (ran or guess)
+            and elapsed + guess > settings.time_budget_s
+        ):
             deferred.append((arch, n))
             continue
         cfg, sub = subset_config(arch, n)
@@ -190,10 +268,18 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         draft_dir = sub / "draft"
         export_draft(res["draft"], draft_dir, max_position_embeddings=target.max_position_embeddings)
         kept = res["train_stats"]["kept"]  # rows actually trained on (tokenisation may drop some)
-        extra = {"key": key, "n_requested": n, "train_s": round(train_s, 2), "side_by_side": together,
-                 "train_tokens": res["train_tokens"], "train_rows": kept, "steps": res["steps"],
-                 "train_tokens_per_s": res["tokens_per_s"], "vocab_coverage": res["vocab_coverage"],
-                 "draft_dir": str(draft_dir)}
+        extra = {
+            "key": key,
+            "n_requested": n,
+            "train_s": round(train_s, 2),
+            "side_by_side": together,
+            "train_tokens": res["train_tokens"],
+            "train_rows": kept,
+            "steps": res["steps"],
+            "train_tokens_per_s": res["tokens_per_s"],
+            "vocab_coverage": res["vocab_coverage"],
+            "draft_dir": str(draft_dir),
+        }
         del res
         _free_cuda()
         row = measure(arch, kept, draft_dir, "scaling", extra)
@@ -203,20 +289,33 @@ def run_study(target, target_spec: str, device: str, plan: StudyPlan, out_dir, s
         ran.append((arch, n))
 
     for point in extra_points or []:
-        key = settings_key(point["arch"], point["n"], {"draft_dir": str(point["draft_dir"]), "source": point["source"]},
-                           ev)
+        key = settings_key(
+            point["arch"], point["n"], {"draft_dir": str(point["draft_dir"]), "source": point["source"]}, ev
+        )
         if key in done_keys(results_path):
             continue
-        row = measure(point["arch"], point["n"], point["draft_dir"], point["source"],
-                      {"key": key, "draft_dir": str(point["draft_dir"]), **point.get("meta", {})})
+        row = measure(
+            point["arch"],
+            point["n"],
+            point["draft_dir"],
+            point["source"],
+            {"key": key, "draft_dir": str(point["draft_dir"]), **point.get("meta", {})},
+        )
         append_jsonl(results_path, [row])
 
     keys = {item_key(a, n) for a, n in items}
-    keys |= {settings_key(p["arch"], p["n"], {"draft_dir": str(p["draft_dir"]), "source": p["source"]}, ev)
-             for p in extra_points or []}
+    keys |= {
+        settings_key(p["arch"], p["n"], {"draft_dir": str(p["draft_dir"]), "source": p["source"]}, ev)
+        for p in extra_points or []
+    }
     rows = [r for r in load_results(results_path) if r["key"] in keys]
-    return {"results": rows, "deferred": deferred, "ran_now": ran, "val_stats": val_stats,
-            "wall_s": round(time.monotonic() - t_start, 1)}
+    return {
+        "results": rows,
+        "deferred": deferred,
+        "ran_now": ran,
+        "val_stats": val_stats,
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
 
 
 def _free_cuda() -> None:
@@ -249,7 +348,17 @@ def points_from_04(run_dir, recipe: dict, include: bool = True) -> tuple[list[di
         if not info.get("finished", True):
             notes.append(f"04 {arch}: training did not finish; not included")
             continue
-        points.append({"arch": arch, "n": int(info["train_stats"]["kept"]), "draft_dir": draft_dir, "source": "04",
-                       "meta": {"train_s": info.get("elapsed_s"), "train_tokens": info.get("train_tokens"),
-                                "train_rows": info["train_stats"]["kept"]}})
+        points.append(
+            {
+                "arch": arch,
+                "n": int(info["train_stats"]["kept"]),
+                "draft_dir": draft_dir,
+                "source": "04",
+                "meta": {
+                    "train_s": info.get("elapsed_s"),
+                    "train_tokens": info.get("train_tokens"),
+                    "train_rows": info["train_stats"]["kept"],
+                },
+            }
+        )
     return points, notes

@@ -21,8 +21,14 @@ from draftlab.core.paths import repo_path, repo_root
 from draftlab.dataset_discovery.sources import ADAPTERS_BY_NAME
 
 CATEGORIES = (
-    "large-scale code instruction", "Alpaca-style", "conversational/multi-turn code", "commit/edit",
-    "composite (OpenCoder-style)", "agentic coding", "reasoning", "general chat",
+    "large-scale code instruction",
+    "Alpaca-style",
+    "conversational/multi-turn code",
+    "commit/edit",
+    "composite (OpenCoder-style)",
+    "agentic coding",
+    "reasoning",
+    "general chat",
 )
 REQUIRED_FIELDS = ("hub_id", "name", "category", "rows", "schema", "license", "languages", "turns", "note")
 PERMISSIVE = {"apache-2.0", "mit", "cc-by-4.0", "bsd-3-clause", "bsd-2-clause", "cc0-1.0", "odc-by", "cc-by-sa-4.0"}
@@ -31,18 +37,46 @@ DEFAULT_KEYWORDS = ("code instruct", "code feedback", "code alpaca", "sharegpt",
 
 # How relevant each category is to a workload (0..3), with the reason shown to the user.
 RELEVANCE = {
-    "code": {"large-scale code instruction": 3, "conversational/multi-turn code": 3, "Alpaca-style": 2,
-             "composite (OpenCoder-style)": 2, "commit/edit": 2, "agentic coding": 2, "reasoning": 1,
-             "general chat": 0},
-    "agentic": {"agentic coding": 3, "conversational/multi-turn code": 2, "large-scale code instruction": 2,
-                "commit/edit": 2, "composite (OpenCoder-style)": 1, "Alpaca-style": 1, "reasoning": 1,
-                "general chat": 0},
-    "chat": {"general chat": 3, "conversational/multi-turn code": 2, "reasoning": 1,
-             "large-scale code instruction": 1, "composite (OpenCoder-style)": 1, "Alpaca-style": 1,
-             "commit/edit": 0, "agentic coding": 0},
-    "reasoning": {"reasoning": 3, "large-scale code instruction": 1, "conversational/multi-turn code": 1,
-                  "general chat": 1, "composite (OpenCoder-style)": 1, "Alpaca-style": 0, "commit/edit": 0,
-                  "agentic coding": 1},
+    "code": {
+        "large-scale code instruction": 3,
+        "conversational/multi-turn code": 3,
+        "Alpaca-style": 2,
+        "composite (OpenCoder-style)": 2,
+        "commit/edit": 2,
+        "agentic coding": 2,
+        "reasoning": 1,
+        "general chat": 0,
+    },
+    "agentic": {
+        "agentic coding": 3,
+        "conversational/multi-turn code": 2,
+        "large-scale code instruction": 2,
+        "commit/edit": 2,
+        "composite (OpenCoder-style)": 1,
+        "Alpaca-style": 1,
+        "reasoning": 1,
+        "general chat": 0,
+    },
+    "chat": {
+        "general chat": 3,
+        "conversational/multi-turn code": 2,
+        "reasoning": 1,
+        "large-scale code instruction": 1,
+        "composite (OpenCoder-style)": 1,
+        "Alpaca-style": 1,
+        "commit/edit": 0,
+        "agentic coding": 0,
+    },
+    "reasoning": {
+        "reasoning": 3,
+        "large-scale code instruction": 1,
+        "conversational/multi-turn code": 1,
+        "general chat": 1,
+        "composite (OpenCoder-style)": 1,
+        "Alpaca-style": 0,
+        "commit/edit": 0,
+        "agentic coding": 1,
+    },
 }
 
 
@@ -77,14 +111,19 @@ def load_catalog(path: str | Path | None = None) -> list[dict]:
             raise CatalogError(f"{where} is not a mapping")
         missing = [f for f in REQUIRED_FIELDS if f not in entry]
         if missing:
-            raise CatalogError(f"{where} ({entry.get('hub_id', '?')}): missing field(s) {missing}; write 'unknown' "
-                               f"where a fact could not be verified")
+            raise CatalogError(
+                f"{where} ({entry.get('hub_id', '?')}): missing field(s) {missing}; write 'unknown' "
+                f"where a fact could not be verified"
+            )
         if entry["category"] not in CATEGORIES and entry["category"] != "discovered":
-            raise CatalogError(f"{where} ({entry['hub_id']}): category {entry['category']!r} is not one of "
-                               f"{CATEGORIES}")
+            raise CatalogError(
+                f"{where} ({entry['hub_id']}): category {entry['category']!r} is not one of {CATEGORIES}"
+            )
         if entry["schema"] != "unknown" and entry["schema"] not in ADAPTERS_BY_NAME:
-            raise CatalogError(f"{where} ({entry['hub_id']}): schema {entry['schema']!r} has no adapter; "
-                               f"known: {sorted(ADAPTERS_BY_NAME)} or 'unknown'")
+            raise CatalogError(
+                f"{where} ({entry['hub_id']}): schema {entry['schema']!r} has no adapter; "
+                f"known: {sorted(ADAPTERS_BY_NAME)} or 'unknown'"
+            )
         if entry["turns"] not in ("single", "multi", "unknown"):
             raise CatalogError(f"{where} ({entry['hub_id']}): turns must be single, multi or unknown")
         if entry["rows"] != "unknown" and not isinstance(entry["rows"], int):
@@ -155,8 +194,11 @@ def discover(keywords=DEFAULT_KEYWORDS, limit: int = 20, timeout_s: float = 3.0,
     if api is None:
         ok, why = hub_reachable(timeout_s)
         if not ok:
-            return Discovery(False, f"The Hugging Face Hub is not reachable ({why}): using the catalog snapshot "
-                                    f"(data/catalog.yaml) as it is.")
+            return Discovery(
+                False,
+                f"The Hugging Face Hub is not reachable ({why}): using the catalog snapshot "
+                f"(data/catalog.yaml) as it is.",
+            )
         from huggingface_hub import HfApi
 
         api = HfApi()
@@ -168,8 +210,12 @@ def discover(keywords=DEFAULT_KEYWORDS, limit: int = 20, timeout_s: float = 3.0,
                 entry["keyword"] = keyword
                 found.setdefault(entry["hub_id"], entry)
     except Exception as exc:
-        return Discovery(False, f"Hub search failed ({type(exc).__name__}: {str(exc)[:120]}): using the catalog "
-                                f"snapshot (data/catalog.yaml) as it is.", list(found.values()))
+        return Discovery(
+            False,
+            f"Hub search failed ({type(exc).__name__}: {str(exc)[:120]}): using the catalog "
+            f"snapshot (data/catalog.yaml) as it is.",
+            list(found.values()),
+        )
     return Discovery(
         True, f"Live Hub search: {len(found)} datasets for {len(keywords)} keywords.", list(found.values())
     )
@@ -187,11 +233,18 @@ def enrich(catalog: list[dict], discovery: Discovery) -> list[dict]:
                 entry["note"] = f"{entry['note']} (license from the live card)"
         else:
             by_id[hit["hub_id"]] = {
-                "hub_id": hit["hub_id"], "name": hit["hub_id"].split("/")[-1], "category": "discovered",
-                "rows": "unknown", "size_category": hit["size_category"], "schema": "unknown",
-                "license": hit["license_card"], "languages": hit["languages_card"], "turns": "unknown",
+                "hub_id": hit["hub_id"],
+                "name": hit["hub_id"].split("/")[-1],
+                "category": "discovered",
+                "rows": "unknown",
+                "size_category": hit["size_category"],
+                "schema": "unknown",
+                "license": hit["license_card"],
+                "languages": hit["languages_card"],
+                "turns": "unknown",
                 "note": f"found by live search for {hit['keyword']!r}; columns not inspected",
-                "downloads": hit["downloads"], "likes": hit["likes"],
+                "downloads": hit["downloads"],
+                "likes": hit["likes"],
             }
     return list(by_id.values())
 
@@ -213,8 +266,14 @@ def _rows_estimate(entry: dict) -> int | None:
     if isinstance(entry.get("rows"), int):
         return entry["rows"]
     size = str(entry.get("size_category", ""))
-    for token, value in (("n<1K", 500), ("1K<n<10K", 5_000), ("10K<n<100K", 50_000), ("100K<n<1M", 500_000),
-                         ("1M<n<10M", 5_000_000), ("n>1T", 10**12)):
+    for token, value in (
+        ("n<1K", 500),
+        ("1K<n<10K", 5_000),
+        ("10K<n<100K", 50_000),
+        ("100K<n<1M", 500_000),
+        ("1M<n<10M", 5_000_000),
+        ("n>1T", 10**12),
+    ):
         if token in size:
             return value
     return None
@@ -270,9 +329,18 @@ def score(entries: list[dict], workload: Workload = Workload()):
     rows = []
     for e in entries:
         s, reasons = score_entry(e, workload)
-        rows.append({"hub_id": e["hub_id"], "category": e["category"], "score": s, "license": e["license"],
-                     "rows": e["rows"] if e["rows"] != "unknown" else e.get("size_category", "unknown"),
-                     "schema": e["schema"], "turns": e["turns"], "reasons": "; ".join(reasons)})
+        rows.append(
+            {
+                "hub_id": e["hub_id"],
+                "category": e["category"],
+                "score": s,
+                "license": e["license"],
+                "rows": e["rows"] if e["rows"] != "unknown" else e.get("size_category", "unknown"),
+                "schema": e["schema"],
+                "turns": e["turns"],
+                "reasons": "; ".join(reasons),
+            }
+        )
     df = pd.DataFrame(rows)
     return df.sort_values(["score", "hub_id"], ascending=[False, True]).reset_index(drop=True)
 
@@ -292,6 +360,7 @@ def plot_scores(table):
     ax.legend(handles=[Patch(color=cmap(i % 10), label=c) for i, c in enumerate(cats)], fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
+
 
 def catalog_json(entries: list[dict]) -> str:
     return json.dumps(entries, indent=2, default=str)

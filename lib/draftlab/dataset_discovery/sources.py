@@ -163,14 +163,29 @@ def _sharegpt(row: dict, opts: dict) -> list[dict]:
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("openai_messages", ("messages",), _openai_messages, "messages: [{role, content}]", keeps_meta=True),
     Adapter("sharegpt", ("conversations",), _sharegpt, "conversations: [{from, value}] (+ system)"),
-    Adapter("commit", ("old_contents", "new_contents"), _commit, "old_contents/new_contents + message",
-            meta_fields=("commit", "lang", "repos")),
-    Adapter("opencodeinstruct", ("input", "output"), _opencodeinstruct, "input/output (OpenCodeInstruct)",
-            forbidden=("instruction",), meta_fields=("id", "domain", "generation_algorithm", "average_test_score")),
+    Adapter(
+        "commit",
+        ("old_contents", "new_contents"),
+        _commit,
+        "old_contents/new_contents + message",
+        meta_fields=("commit", "lang", "repos"),
+    ),
+    Adapter(
+        "opencodeinstruct",
+        ("input", "output"),
+        _opencodeinstruct,
+        "input/output (OpenCodeInstruct)",
+        forbidden=("instruction",),
+        meta_fields=("id", "domain", "generation_algorithm", "average_test_score"),
+    ),
     Adapter("alpaca", ("instruction", "output"), _alpaca, "instruction/input/output"),
     Adapter("instruction_response", ("instruction", "response"), _instruction_response, "instruction/response"),
-    Adapter("system_question_response", ("question", "response"), _system_question_response,
-            "system_prompt/question/response"),
+    Adapter(
+        "system_question_response",
+        ("question", "response"),
+        _system_question_response,
+        "system_prompt/question/response",
+    ),
     Adapter("question_answer", ("question", "answer"), _question_answer, "question/answer"),
     Adapter("problem_solution", ("problem", "solution"), _problem_solution, "problem/solution"),
 )
@@ -270,8 +285,9 @@ def normalize(
             continue
         own = row.get("meta") if adapter.keeps_meta and isinstance(row.get("meta"), dict) else {}
         fields = [(key, own[key]) for key in own] + [(key, row.get(key)) for key in adapter.meta_fields]
-        row_meta = {key: value for key, value in fields
-                    if isinstance(value, (str, int, float, bool)) and len(str(value)) <= 200}
+        row_meta = {
+            key: value for key, value in fields if isinstance(value, (str, int, float, bool)) and len(str(value)) <= 200
+        }
         row_meta.update(line=line, adapter=adapter.name)
         if meta:
             row_meta.update(meta)
@@ -340,8 +356,14 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
-def load_hub(hub_id: str, split: str = "train", config: str | None = None, revision: str | None = None,
-             max_rows: int | None = None, seed: int = 0):
+def load_hub(
+    hub_id: str,
+    split: str = "train",
+    config: str | None = None,
+    revision: str | None = None,
+    max_rows: int | None = None,
+    seed: int = 0,
+):
     """Rows of a Hub dataset: the whole split, or `max_rows` of a seeded streaming shuffle of it.
 
     Returns (rows iterable, column names). Streaming avoids downloading all of a multi-GB set

@@ -2,7 +2,6 @@
 
 The names below are the stage's public API; other stages import only these."""
 
-
 from draftlab.engine.runners import (  # noqa: F401
     MODES,
     TREE_ATTENTION,

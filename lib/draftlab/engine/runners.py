@@ -51,8 +51,10 @@ class SpecConfig:
             raise ValueError("num_draft_tokens (>= 2) is required when topk > 1")
         max_nodes = self.topk + (self.num_steps - 1) * self.topk * self.topk
         if self.topk > 1 and self.num_draft_tokens - 1 > max_nodes:
-            raise ValueError(f"num_draft_tokens - 1 = {self.num_draft_tokens - 1} exceeds the {max_nodes} "
-                             f"nodes a tree of topk {self.topk} and {self.num_steps} steps can hold")
+            raise ValueError(
+                f"num_draft_tokens - 1 = {self.num_draft_tokens - 1} exceeds the {max_nodes} "
+                f"nodes a tree of topk {self.topk} and {self.num_steps} steps can hold"
+            )
 
     def slots_after_root(self) -> int:
         """Cache slots a cycle writes from the root on: the verify's D, or the tree's beams
@@ -61,6 +63,7 @@ class SpecConfig:
 
 
 # --------------------------------------------------------------------------- caches and masks
+
 
 class SlotCache:
     """KV buffers [1, kv_heads, max_len, head_dim] per layer, written at `self.slots` ([L] long).
@@ -152,6 +155,7 @@ def _maybe_graphed(graphs: dict, fn, inputs: tuple, graph: bool):
 
 # --------------------------------------------------------------------------- target
 
+
 def _cache_kwarg(model) -> str:
     """transformers >= 5.2x names the cache argument `cache`, older ones `past_key_values`."""
     params = inspect.signature(model.forward).parameters
@@ -183,14 +187,16 @@ class TargetRunner:
         base = getattr(self.model, "model", self.model)
         self._hooks = [base.layers[i].register_forward_pre_hook(self._pre_hook(i)) for i in self.layers]
         if feature == "final":
-            self._hooks.append(base.norm.register_forward_hook(
-                lambda mod, args, out: self._captured.__setitem__("final", out)))
+            self._hooks.append(
+                base.norm.register_forward_hook(lambda mod, args, out: self._captured.__setitem__("final", out))
+            )
         self.lm_head = self.model.get_output_embeddings()
         self.graphs: dict[int, Graphed] = {}
 
     def _pre_hook(self, i):
         def hook(module, args, kwargs=None):
             self._captured[i] = args[0] if args else kwargs["hidden_states"]
+
         return hook
 
     def close(self):
@@ -203,8 +209,9 @@ class TargetRunner:
         self.cache.slots = base + torch.arange(n_new, device=ids.device)
         mask = build_mask(base, anc, self.max_len, self.dtype)
         self._captured.clear()
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
-                         **{self.cache_kw: self.cache})
+        out = self.model(
+            input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{self.cache_kw: self.cache}
+        )
         greedy = out.logits[0].argmax(-1)  # [L]
         if self.feature == "aux":
             feats = torch.cat([self._captured[i] for i in self.layers], dim=-1)[0]  # [L,3H]
@@ -217,6 +224,7 @@ class TargetRunner:
 
 
 # --------------------------------------------------------------------------- draft
+
 
 class DraftRunner:
     """The draft over a SlotCache, in the server mode's wiring (see module docstring)."""
@@ -340,8 +348,9 @@ class DraftRunner:
         for depth in range(2, self.steps + 1):
             slots = m + (depth - 2) * k + torch.arange(k, device=dev)  # [K]
             vis = vis | (cols[None] == slots[:, None])
-            lg, hid = self.forward(beam_tokens[None], beam_hidden[None], (m + depth - 2).expand(k)[None],
-                                   slots, vis[None, None])
+            lg, hid = self.forward(
+                beam_tokens[None], beam_hidden[None], (m + depth - 2).expand(k)[None], slots, vis[None, None]
+            )
             p, mapped = self.probs(lg[0], hid[0])  # [K,V*]
             top = p.topk(k, dim=-1)
             cand = (beam_scores[:, None] * top.values).flatten()  # [K*K] cumulative scores of the children

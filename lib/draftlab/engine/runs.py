@@ -18,6 +18,7 @@ from draftlab.model.target import render_chat
 
 # --------------------------------------------------------------------------- runs and summaries
 
+
 def encode_prompts(target, prompts: list) -> list[list[int]]:
     """Chat prompts (lists of messages, or plain strings as one user turn) -> token ids.
 
@@ -65,11 +66,13 @@ def summarize(results: list[PromptResult], num_steps: int | None = None) -> dict
     return out
 
 
-def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bool, progress: bool = True,
-                desc: str | None = None) -> list[PromptResult]:
+def run_prompts(
+    engine: SpecEngine, prompt_ids: list[list[int]], speculative: bool, progress: bool = True, desc: str | None = None
+) -> list[PromptResult]:
     fn = engine.speculative if speculative else engine.greedy
-    return [fn(p) for p in tqdm(prompt_ids, desc=desc or ("speculative" if speculative else "greedy"),
-                                disable=not progress)]
+    return [
+        fn(p) for p in tqdm(prompt_ids, desc=desc or ("speculative" if speculative else "greedy"), disable=not progress)
+    ]
 
 
 # drafts (or targets, when no draft) whose graph replay matched eager decoding; weak, so that a
@@ -77,8 +80,7 @@ def run_prompts(engine: SpecEngine, prompt_ids: list[list[int]], speculative: bo
 _GRAPHS_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> drafting shapes checked
 
 
-def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int],
-                   prompt_lengths=()) -> SpecEngine:
+def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[int], prompt_lengths=()) -> SpecEngine:
     """An engine with its CUDA graphs captured (the prefills of prompts of `prompt_lengths` too),
     or an eager one when capture fails.
 
@@ -103,8 +105,9 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
                 raise RuntimeError(f"graph replay decoded {graphed[0][:8]}... but eager decoding {eager[0][:8]}...")
             # a stale buffer in a draft graph would show as far fewer accepted tokens; allow rounding
             if abs(graphed[1] - eager[1]) > 0.02 * eager[1] + 1:
-                raise RuntimeError(f"graph replay accepted {graphed[1]} draft tokens on the probe, eager decoding "
-                                   f"{eager[1]}")
+                raise RuntimeError(
+                    f"graph replay accepted {graphed[1]} draft tokens on the probe, eager decoding {eager[1]}"
+                )
             _GRAPHS_CHECKED.setdefault(key, set()).add(shape)
         return engine
     except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
@@ -117,9 +120,17 @@ def graphed_engine(target, draft, config: SpecConfig, max_len: int, probe: list[
         return engine
 
 
-def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval_set: str = "prompts",
-            greedy_results: list[PromptResult] | None = None, warmup: int = 1, progress: bool = True,
-            max_len: int | None = None) -> dict:
+def compare(
+    target,
+    draft,
+    prompt_ids: list[list[int]],
+    config: SpecConfig,
+    eval_set: str = "prompts",
+    greedy_results: list[PromptResult] | None = None,
+    warmup: int = 1,
+    progress: bool = True,
+    max_len: int | None = None,
+) -> dict:
     """Greedy vs speculative on the same prompts in the same engine: stats, speedup, losslessness."""
     need = max(len(p) for p in prompt_ids) + config.max_new_tokens + config.slots_after_root() + 2
     max_len = max(max_len or 0, need)
@@ -130,8 +141,13 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
             engine.speculative(p)
         if greedy_results is None:
             greedy_results = run_prompts(engine, prompt_ids, False, progress, f"greedy ({eval_set})")
-        spec = run_prompts(engine, prompt_ids, True, progress, f"{config.mode} S={config.num_steps} "
-                           f"K={config.topk} D={config.num_draft_tokens} ({eval_set})")
+        spec = run_prompts(
+            engine,
+            prompt_ids,
+            True,
+            progress,
+            f"{config.mode} S={config.num_steps} K={config.topk} D={config.num_draft_tokens} ({eval_set})",
+        )
     finally:
         engine.close()
     g, s = summarize(greedy_results), summarize(spec, config.num_steps)
@@ -150,7 +166,8 @@ def compare(target, draft, prompt_ids: list[list[int]], config: SpecConfig, eval
         "acceptance_length": s["acceptance_length"],
         "speedup": (s["tokens_per_s"] / g["tokens_per_s"]) if g["tokens_per_s"] and s["tokens_per_s"] else None,
         "decode_speedup": (s["decode_tokens_per_s"] / g["decode_tokens_per_s"])
-        if g["decode_tokens_per_s"] and s["decode_tokens_per_s"] else None,
+        if g["decode_tokens_per_s"] and s["decode_tokens_per_s"]
+        else None,
         "identical_outputs": same,
         "lossless": same == len(prompt_ids),
         "_greedy_results": greedy_results,
@@ -162,16 +179,39 @@ def public(result: dict) -> dict:
     return {k: v for k, v in result.items() if not k.startswith("_")}
 
 
-def chain_sweep(target, draft, prompt_ids, steps=range(1, 8), mode: str = "EAGLE3", max_new_tokens: int = 128,
-                eval_set: str = "prompts", progress: bool = True, cuda_graphs: bool | None = None,
-                prefill_bucket: int | None = None) -> list[dict]:
+def chain_sweep(
+    target,
+    draft,
+    prompt_ids,
+    steps=range(1, 8),
+    mode: str = "EAGLE3",
+    max_new_tokens: int = 128,
+    eval_set: str = "prompts",
+    progress: bool = True,
+    cuda_graphs: bool | None = None,
+    prefill_bucket: int | None = None,
+) -> list[dict]:
     """Chain acceptance and speedup for S = 1..7 (greedy decoded once and reused)."""
     rows, greedy = [], None
     for s in steps:
-        cfg = SpecConfig(mode=mode, num_steps=s, topk=1, max_new_tokens=max_new_tokens, cuda_graphs=cuda_graphs,
-                         prefill_bucket=prefill_bucket)
-        res = compare(target, draft, prompt_ids, cfg, eval_set, greedy_results=greedy, progress=progress,
-                      warmup=1 if greedy is None else 0)
+        cfg = SpecConfig(
+            mode=mode,
+            num_steps=s,
+            topk=1,
+            max_new_tokens=max_new_tokens,
+            cuda_graphs=cuda_graphs,
+            prefill_bucket=prefill_bucket,
+        )
+        res = compare(
+            target,
+            draft,
+            prompt_ids,
+            cfg,
+            eval_set,
+            greedy_results=greedy,
+            progress=progress,
+            warmup=1 if greedy is None else 0,
+        )
         greedy = res["_greedy_results"]
         rows.append(public(res))
     return rows

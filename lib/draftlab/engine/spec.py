@@ -17,6 +17,7 @@ from draftlab.model.hidden import draft_layers
 
 # --------------------------------------------------------------------------- results
 
+
 @dataclass
 class PromptResult:
     """One prompt's decode: tokens emitted (first from the prefill), verify steps, timings."""
@@ -46,7 +47,6 @@ def _stop_at(tokens: list[int], eos: set[int], limit: int) -> tuple[list[int], b
 
 
 # --------------------------------------------------------------------------- the engine
-
 
 
 class SpecEngine:
@@ -114,8 +114,10 @@ class SpecEngine:
     def _check_len(self, n_prompt: int):
         need = n_prompt + self.cfg.max_new_tokens + self.cfg.slots_after_root() + 2
         if need > self.max_len:
-            raise ValueError(f"prompt of {n_prompt} tokens + {self.cfg.max_new_tokens} new needs a cache of "
-                             f"{need} slots; the engine was built with max_len={self.max_len}")
+            raise ValueError(
+                f"prompt of {n_prompt} tokens + {self.cfg.max_new_tokens} new needs a cache of "
+                f"{need} slots; the engine was built with max_len={self.max_len}"
+            )
 
     def _prefill_size(self, n: int) -> int:
         """Tokens the prefill of n tokens runs: n rounded up to the bucket (n when off or too long)."""
@@ -142,8 +144,9 @@ class SpecEngine:
         """Target prefill: returns (first token, features [n,F])."""
         n = len(prompt_ids)
         size, graphed, anc = self._prefill_plan(n)
-        greedy, feats = self.runner.step(self._padded(prompt_ids, size), self._t([list(range(size))]), self._t([0]),
-                                         anc, graph=graphed)
+        greedy, feats = self.runner.step(
+            self._padded(prompt_ids, size), self._t([list(range(size))]), self._t([0]), anc, graph=graphed
+        )
         return int(greedy[n - 1]), feats[:n]
 
     def _draft_prefill(self, prompt_ids: list[int], root: int, feats):
@@ -154,10 +157,15 @@ class SpecEngine:
         if n > 1:
             size, graphed, anc = self._prefill_plan(n - 1)
             pad = torch.zeros(size - (n - 1), feats.shape[-1], dtype=feats.dtype, device=self.device)
-            self.draft_runner.extend(self._padded(prompt_ids[1:], size), torch.cat([feats[: n - 1], pad])[None],
-                                     self._t([0]), anc, graph=graphed)
+            self.draft_runner.extend(
+                self._padded(prompt_ids[1:], size),
+                torch.cat([feats[: n - 1], pad])[None],
+                self._t([0]),
+                anc,
+                graph=graphed,
+            )
         draft = self.draft_runner.chain if self.cfg.topk == 1 else self.draft_runner.grow
-        return draft(self._t([[root]]), feats[None, n - 1:], self._t([n - 1]), self._tril(1), graph=self.use_graphs)
+        return draft(self._t([[root]]), feats[None, n - 1 :], self._t([n - 1]), self._tril(1), graph=self.use_graphs)
 
     # ---- plain greedy
     @torch.inference_mode()
@@ -250,7 +258,7 @@ class _ChainCycle:
         torch.add(self.offsets, base, out=self.v_pos[0])
         greedy, vfeats = self.engine.runner.step(self.v_ids, self.v_pos, base, self.anc, graph=self.engine.use_graphs)
         both = torch.cat([greedy, drafted]).tolist()  # the one host sync of the cycle
-        g, d = both[: s + 1], both[s + 1:]
+        g, d = both[: s + 1], both[s + 1 :]
         a = 0
         while a < s and d[a] == g[a]:
             a += 1
@@ -262,8 +270,9 @@ class _ChainCycle:
         greedy, vfeats = state
         engine = self.engine
         engine.draft_runner.cache.length = m
-        return engine.draft_runner.chain(greedy[None, : a + 1], vfeats[None, : a + 1], base, engine._tril(a + 1),
-                                         graph=engine.use_graphs)
+        return engine.draft_runner.chain(
+            greedy[None, : a + 1], vfeats[None, : a + 1], base, engine._tril(a + 1), graph=engine.use_graphs
+        )
 
 
 class _TreeCycle:
@@ -284,7 +293,7 @@ class _TreeCycle:
         torch.add(depths_t, base, out=self.v_pos[0, 1:])
         greedy, vfeats = self.engine.runner.step(self.v_ids, self.v_pos, base, anc, graph=self.engine.use_graphs)
         both = torch.cat([greedy, self.v_ids[0], parents_t]).tolist()  # the one host sync of the cycle
-        g, tokens, parent = both[:d], both[d:2 * d], both[2 * d:]
+        g, tokens, parent = both[:d], both[d : 2 * d], both[2 * d :]
         # walk: follow the child whose token equals the target's choice at the current node
         path, cur = [0], 0
         while True:
@@ -303,5 +312,10 @@ class _TreeCycle:
         if path != list(range(a + 1)):
             engine.runner.cache.move([m + i for i in path], [m + j for j in range(a + 1)])
         idx = engine._t(path)
-        return engine.draft_runner.grow(greedy.index_select(0, idx)[None], vfeats.index_select(0, idx)[None], base,
-                                        engine._tril(a + 1), graph=engine.use_graphs)
+        return engine.draft_runner.grow(
+            greedy.index_select(0, idx)[None],
+            vfeats.index_select(0, idx)[None],
+            base,
+            engine._tril(a + 1),
+            graph=engine.use_graphs,
+        )

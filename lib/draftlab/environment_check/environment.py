@@ -8,8 +8,21 @@ import platform
 from draftlab.model.target import load_target
 
 LIBRARIES = (
-    "draftlab", "torch", "transformers", "accelerate", "datasets", "safetensors", "huggingface_hub",
-    "tokenizers", "papermill", "jupytext", "pandas", "matplotlib", "openai", "httpx", "datasketch",
+    "draftlab",
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "safetensors",
+    "huggingface_hub",
+    "tokenizers",
+    "papermill",
+    "jupytext",
+    "pandas",
+    "matplotlib",
+    "openai",
+    "httpx",
+    "datasketch",
 )
 
 

@@ -23,8 +23,9 @@ from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.export import export_draft
 
 
-def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, seed: int = 0,
-               sglang_ids: bool = True) -> Path:
+def good_draft(
+    folder, target_spec: str = "tiny", draft_vocab_size: int = 512, seed: int = 0, sglang_ids: bool = True
+) -> Path:
     """A contract-correct export for `target_spec` (random weights) via draftlab.model.draft + draftlab.model.export.
 
     sglang_ids: True keeps what draftlab.model.export writes (SGLang's output-of-layer config ids, SGLang adds 1,
@@ -43,8 +44,13 @@ def good_draft(folder, target_spec: str = "tiny", draft_vocab_size: int = 512, s
     export_draft(draft, folder, max_position_embeddings=info.max_position_embeddings, dtype="float32")
     if not sglang_ids:
         trained = list(draft.capture_layers)
-        edit_config(folder, lambda c: (c.update(
-            eagle_config={**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": trained}), c.pop("draftlab", None)))
+        edit_config(
+            folder,
+            lambda c: (
+                c.update(eagle_config={**c["eagle_config"], "eagle_aux_hidden_state_layer_ids": trained}),
+                c.pop("draftlab", None),
+            ),
+        )
     return folder
 
 
@@ -105,8 +111,17 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
     cfg = json.loads((good / "config.json").read_text())
     trained = (cfg.get("draftlab") or {}).get("capture_layers") or info.default_capture
     spec = sglang_speculative_command(model, str(good), algorithm="EAGLE3", num_steps=3, topk=1)
-    cases = [Case("good", "", "", "a correct export, served with EAGLE3 next to a baseline with equal batch cap",
-                  target, good, [spec, sglang_target_command(model, max_running_requests=48)])]
+    cases = [
+        Case(
+            "good",
+            "",
+            "",
+            "a correct export, served with EAGLE3 next to a baseline with equal batch cap",
+            target,
+            good,
+            [spec, sglang_target_command(model, max_running_requests=48)],
+        )
+    ]
 
     def draft_case(name, check, severity, story, config_fn=None, tensor_fn=None, case_target=None):
         d = _copy(good, out, name)
@@ -117,28 +132,77 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
         cases.append(Case(name, check, severity, story, case_target or target, d))
 
     # --- flags
-    cases.append(Case("flag_eagle", "algorithm", "error", "the EAGLE-3 draft served with --speculative-algorithm EAGLE",
-                      target, good, [set_flag(spec, "--speculative-algorithm", "EAGLE")]))
-    cases.append(Case("topk1_draft_tokens", "topk_draft_tokens", "warning", "topk 1, 3 steps, but 8 draft tokens",
-                      target, None, [set_flag(spec, "--speculative-num-draft-tokens", 8)]))
-    cases.append(Case("unequal_batch_cap", "max_running_requests", "error",
-                      "baseline without --max-running-requests (sized from memory) vs the speculative server's 48",
-                      target, None, [sglang_target_command(model), spec]))
+    cases.append(
+        Case(
+            "flag_eagle",
+            "algorithm",
+            "error",
+            "the EAGLE-3 draft served with --speculative-algorithm EAGLE",
+            target,
+            good,
+            [set_flag(spec, "--speculative-algorithm", "EAGLE")],
+        )
+    )
+    cases.append(
+        Case(
+            "topk1_draft_tokens",
+            "topk_draft_tokens",
+            "warning",
+            "topk 1, 3 steps, but 8 draft tokens",
+            target,
+            None,
+            [set_flag(spec, "--speculative-num-draft-tokens", 8)],
+        )
+    )
+    cases.append(
+        Case(
+            "unequal_batch_cap",
+            "max_running_requests",
+            "error",
+            "baseline without --max-running-requests (sized from memory) vs the speculative server's 48",
+            target,
+            None,
+            [sglang_target_command(model), spec],
+        )
+    )
     # --- widths
-    draft_case("fc_eagle1_width", "fc_width", "error", "fc.weight exported 2H wide (an EAGLE-1-era fc)",
-               tensor_fn=lambda t: t.update({"fc.weight": torch.zeros(h, 2 * h)}))
-    draft_case("hidden_from_other_target", "hidden_size", "error", "config.json copied from a 2x wider target",
-               config_fn=lambda c: c.update(hidden_size=2 * h))
+    draft_case(
+        "fc_eagle1_width",
+        "fc_width",
+        "error",
+        "fc.weight exported 2H wide (an EAGLE-1-era fc)",
+        tensor_fn=lambda t: t.update({"fc.weight": torch.zeros(h, 2 * h)}),
+    )
+    draft_case(
+        "hidden_from_other_target",
+        "hidden_size",
+        "error",
+        "config.json copied from a 2x wider target",
+        config_fn=lambda c: c.update(hidden_size=2 * h),
+    )
     # --- norms before fc (EAGLE 3.1): SGLang reads the config key and the tensors independently
-    draft_case("fc_norm_without_tensors", "fc_norm", "error",
-               "fc_norm: true in config.json, no fc_norm.{0,1,2}.weight exported (SGLang runs them at weight 1)",
-               config_fn=lambda c: c.update(fc_norm=True))
-    draft_case("norm_tensor_without_key", "fc_norm", "error",
-               "input_norm.weight exported without norm_before_fc (SGLang skips it silently)",
-               tensor_fn=lambda t: t.update({"input_norm.weight": torch.ones(3 * h)}))
+    draft_case(
+        "fc_norm_without_tensors",
+        "fc_norm",
+        "error",
+        "fc_norm: true in config.json, no fc_norm.{0,1,2}.weight exported (SGLang runs them at weight 1)",
+        config_fn=lambda c: c.update(fc_norm=True),
+    )
+    draft_case(
+        "norm_tensor_without_key",
+        "fc_norm",
+        "error",
+        "input_norm.weight exported without norm_before_fc (SGLang skips it silently)",
+        tensor_fn=lambda t: t.update({"input_norm.weight": torch.ones(3 * h)}),
+    )
     # --- capture layers
-    draft_case("no_eagle_config", "capture_layers_present", "warning", "eagle_config left out of config.json",
-               config_fn=_pop("eagle_config"))
+    draft_case(
+        "no_eagle_config",
+        "capture_layers_present",
+        "warning",
+        "eagle_config left out of config.json",
+        config_fn=_pop("eagle_config"),
+    )
     draft_case(
         "layer_out_of_range",
         "capture_layers_range",
@@ -156,34 +220,77 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
             c.pop("draftlab", None),
         ),
     )
-    draft_case("trained_layers_shifted", "capture_layers_convention", "error",
-               "recorded training layers and config ids disagree by one",
-               config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)))
+    draft_case(
+        "trained_layers_shifted",
+        "capture_layers_convention",
+        "error",
+        "recorded training layers and config ids disagree by one",
+        config_fn=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)),
+    )
     if deepseek_target:
         shifted = [i + 1 for i in trained]
-        draft_case("deepseek_offset", "capture_layers_deepseek", "error",
-                   "output-of-layer ids whose first id is not 1 on a DeepSeek-family target (used as-is)",
-                   config_fn=lambda c: (c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)),
-                                        c.update(draftlab={"capture_layers": shifted})),
-                   case_target=deepseek_target)
+        draft_case(
+            "deepseek_offset",
+            "capture_layers_deepseek",
+            "error",
+            "output-of-layer ids whose first id is not 1 on a DeepSeek-family target (used as-is)",
+            config_fn=lambda c: (
+                c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=list(trained)),
+                c.update(draftlab={"capture_layers": shifted}),
+            ),
+            case_target=deepseek_target,
+        )
     # --- vocabulary
-    draft_case("draft_vocab_size_wrong", "draft_vocab", "error", "draft_vocab_size says 32000, d2t and lm_head have "
-                                                                 "fewer",
-               config_fn=lambda c: c.update(draft_vocab_size=32000))
-    draft_case("vocab_from_other_target", "vocab_size", "error", "config.json says vocab_size 32000 (another "
-                                                                 "tokenizer)",
-               config_fn=lambda c: c.update(vocab_size=32000))
-    draft_case("t2d_wrong_length", "t2d_size", "error", "t2d built for a 32000-token vocabulary",
-               tensor_fn=lambda t: t.update({"t2d": torch.zeros(32000, dtype=torch.bool)}))
-    draft_case("d2t_out_of_range", "d2t_mapping", "error", "d2t stores target ids instead of offsets",
-               tensor_fn=lambda t: t.update({"d2t": t["d2t"] + torch.arange(t["d2t"].numel())}))
+    draft_case(
+        "draft_vocab_size_wrong",
+        "draft_vocab",
+        "error",
+        "draft_vocab_size says 32000, d2t and lm_head have fewer",
+        config_fn=lambda c: c.update(draft_vocab_size=32000),
+    )
+    draft_case(
+        "vocab_from_other_target",
+        "vocab_size",
+        "error",
+        "config.json says vocab_size 32000 (another tokenizer)",
+        config_fn=lambda c: c.update(vocab_size=32000),
+    )
+    draft_case(
+        "t2d_wrong_length",
+        "t2d_size",
+        "error",
+        "t2d built for a 32000-token vocabulary",
+        tensor_fn=lambda t: t.update({"t2d": torch.zeros(32000, dtype=torch.bool)}),
+    )
+    draft_case(
+        "d2t_out_of_range",
+        "d2t_mapping",
+        "error",
+        "d2t stores target ids instead of offsets",
+        tensor_fn=lambda t: t.update({"d2t": t["d2t"] + torch.arange(t["d2t"].numel())}),
+    )
     # --- config fields
-    draft_case("short_context", "context_length", "error", "max_position_embeddings smaller than the served context",
-               config_fn=lambda c: c.update(max_position_embeddings=256))
-    draft_case("tied_embeddings", "tie_word_embeddings", "error", "tie_word_embeddings true (copied from the target)",
-               config_fn=lambda c: c.update(tie_word_embeddings=True))
-    draft_case("plain_llama_arch", "architectures", "error", "architectures LlamaForCausalLM",
-               config_fn=lambda c: c.update(architectures=["LlamaForCausalLM"]))
+    draft_case(
+        "short_context",
+        "context_length",
+        "error",
+        "max_position_embeddings smaller than the served context",
+        config_fn=lambda c: c.update(max_position_embeddings=256),
+    )
+    draft_case(
+        "tied_embeddings",
+        "tie_word_embeddings",
+        "error",
+        "tie_word_embeddings true (copied from the target)",
+        config_fn=lambda c: c.update(tie_word_embeddings=True),
+    )
+    draft_case(
+        "plain_llama_arch",
+        "architectures",
+        "error",
+        "architectures LlamaForCausalLM",
+        config_fn=lambda c: c.update(architectures=["LlamaForCausalLM"]),
+    )
     draft_case(
         "rope_theta_default",
         "rope",
@@ -209,8 +316,13 @@ def build_cases(good, out, target: str = "tiny", deepseek_target: str | None = N
         "every tensor saved as draft_model.<name>",
         tensor_fn=lambda t: [t.__setitem__("draft_model." + k, t.pop(k)) for k in list(t) if k not in ("d2t", "t2d")],
     )
-    draft_case("missing_hidden_norm", "missing_tensors", "error", "midlayer.hidden_norm.weight not exported",
-               tensor_fn=lambda t: t.pop("midlayer.hidden_norm.weight"))
+    draft_case(
+        "missing_hidden_norm",
+        "missing_tensors",
+        "error",
+        "midlayer.hidden_norm.weight not exported",
+        tensor_fn=lambda t: t.pop("midlayer.hidden_norm.weight"),
+    )
     draft_case(
         "qproj_one_h",
         "tensor_shapes",
@@ -233,8 +345,10 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
     if (folder / "config.json").is_file():
         return folder, "trained by notebook 04"
     if not build_if_missing:
-        raise FileNotFoundError(f"{folder}: no exported draft; run notebook 04_train_draft first "
-                                "(or set BUILD_DRAFT_IF_MISSING = True for an untrained one)")
+        raise FileNotFoundError(
+            f"{folder}: no exported draft; run notebook 04_train_draft first "
+            "(or set BUILD_DRAFT_IF_MISSING = True for an untrained one)"
+        )
     out = Path(out_dir) / "untrained_eagle3"
     if not (out / "config.json").is_file():
         good_draft(out, target_spec, draft_vocab_size=512)
@@ -249,10 +363,14 @@ def run_library(cases) -> pd.DataFrame:
         result = diagnose(str(c.draft) if c.draft else None, c.target, c.launches)
         bad = [f for f in result["findings"] if f.severity in ("error", "warning")]
         hit = next((f for f in bad if f.check == c.check and f.severity == c.severity), None)
-        rows.append({
-            "case": c.name, "broken": c.story, "expected": f"{c.check}/{c.severity}" if c.check else "clean",
-            "flagged": bool(hit) if c.check else not bad,
-            "all findings": ", ".join(f"{f.check}/{f.severity}" for f in bad) or "none",
-            "fix": (hit.fix if hit else ""),
-        })
+        rows.append(
+            {
+                "case": c.name,
+                "broken": c.story,
+                "expected": f"{c.check}/{c.severity}" if c.check else "clean",
+                "flagged": bool(hit) if c.check else not bad,
+                "all findings": ", ".join(f"{f.check}/{f.severity}" for f in bad) or "none",
+                "fix": (hit.fix if hit else ""),
+            }
+        )
     return wide_table(rows)  # the fix column holds whole corrected commands: shown whole, wrapped

@@ -11,10 +11,9 @@ from draftlab.flag_diagnosis.checks import (
     check_fc_norm,
     check_fc_width,
     check_hidden_size,
-    check_rope,
     check_tensor_names,
-    check_tie_embeddings,
 )
+from draftlab.flag_diagnosis.checks_config import check_rope, check_tie_embeddings
 from draftlab.flag_diagnosis.checks_vocab import check_d2t_mapping, check_vocab
 from draftlab.flag_diagnosis.inputs import (
     DoctorInputError,
@@ -55,12 +54,17 @@ def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
             fix = _config_fix("max_position_embeddings", int(ctx))
             if server is not None and server.command:
                 fix += f", or serve a shorter context: {set_flag(server.command, '--context-length', int(mpe))}"
-            out.append(Finding(
-                "context_length", "warning" if allowed else "error",
-                f"draft max_position_embeddings {mpe} < context length {ctx} ({source})",
-                "SGLang refuses to start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
-                + (" (set here: the draft will see positions it was never configured for)" if allowed else ""),
-                fix, where))
+            out.append(
+                Finding(
+                    "context_length",
+                    "warning" if allowed else "error",
+                    f"draft max_position_embeddings {mpe} < context length {ctx} ({source})",
+                    "SGLang refuses to start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+                    + (" (set here: the draft will see positions it was never configured for)" if allowed else ""),
+                    fix,
+                    where,
+                )
+            )
         else:
             out.append(
                 Finding("context_length", "ok", f"max_position_embeddings {mpe} >= context length {ctx}", where=where)
@@ -76,12 +80,19 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
             # benchmark against it measures no speculation at all.
             eagle1 = d is not None and not d.uses_aux
             want = "EAGLE" if eagle1 else "EAGLE3"
-            out.append(Finding(
-                "algorithm", "error", f"--speculative-draft-model-path {s.draft_model_path} without "
-                                      "--speculative-algorithm",
-                "without an algorithm SGLang does not load the draft and decodes without speculation, with no error",
-                set_flag(s.command, "--speculative-algorithm", want) if s.command
-                else f"restart the server with --speculative-algorithm {want}", s.source))
+            out.append(
+                Finding(
+                    "algorithm",
+                    "error",
+                    f"--speculative-draft-model-path {s.draft_model_path} without --speculative-algorithm",
+                    "without an algorithm SGLang does not load the draft and decodes without speculation, "
+                    "with no error",
+                    set_flag(s.command, "--speculative-algorithm", want)
+                    if s.command
+                    else f"restart the server with --speculative-algorithm {want}",
+                    s.source,
+                )
+            )
         if not s.is_speculative:
             continue
         algo = s.speculative_algorithm
@@ -100,41 +111,68 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
                 if s.command
                 else "restart the server with --speculative-algorithm EAGLE3"
             )
-            out.append(Finding(
-                "algorithm", "error", f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}",
-                "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final hidden state "
-                "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and "
-                "acceptance "
-                "length sits at ~1.0 with no error",
-                fix, s.source))
+            out.append(
+                Finding(
+                    "algorithm",
+                    "error",
+                    f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}",
+                    "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final "
+                    "hidden state "
+                    "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and "
+                    "acceptance length sits at ~1.0 with no error",
+                    fix,
+                    s.source,
+                )
+            )
         elif not eagle3_draft and algo == "EAGLE3":
             fix = (
                 set_flag(s.command, "--speculative-algorithm", "EAGLE")
                 if s.command
                 else "restart the server with --speculative-algorithm EAGLE"
             )
-            out.append(Finding(
-                "algorithm", "error", "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
-                "EAGLE3 sends a 3H-wide concatenation the draft has no fc for", fix, s.source))
+            out.append(
+                Finding(
+                    "algorithm",
+                    "error",
+                    "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
+                    "EAGLE3 sends a 3H-wide concatenation the draft has no fc for",
+                    fix,
+                    s.source,
+                )
+            )
         elif not eagle3_draft and algo == "EAGLE" and "lm_head.weight" in served.tensors:
-            out.append(Finding(
-                "algorithm", "warning", "an EAGLE-1-style draft with its own lm_head served with "
-                                        "--speculative-algorithm EAGLE",
-                "in EAGLE mode SGLang replaces the draft's lm_head and d2t with the target's head, so the head this "
-                "draft was trained with is not used (draftlab's EAGLE-1-style draft is an ablation for the reference "
-                "engine)",
-                "measure it with draftlab.engine, or train and serve an EAGLE-3 draft with --speculative-algorithm "
-                "EAGLE3",
-                s.source))
+            out.append(
+                Finding(
+                    "algorithm",
+                    "warning",
+                    "an EAGLE-1-style draft with its own lm_head served with --speculative-algorithm EAGLE",
+                    "in EAGLE mode SGLang replaces the draft's lm_head and d2t with the target's head, so the "
+                    "head this draft was trained with is not used (draftlab's EAGLE-1-style draft is an ablation for "
+                    "the reference engine)",
+                    "measure it with draftlab.engine, or train and serve an EAGLE-3 draft with --speculative-algorithm "
+                    "EAGLE3",
+                    s.source,
+                )
+            )
         else:
             out.append(Finding("algorithm", "ok", f"--speculative-algorithm {algo} fits the draft", where=s.source))
         if algo in ("EAGLE", "EAGLE3") and not s.draft_model_path and s.command:
-            out.append(Finding(
-                "algorithm", "error", f"--speculative-algorithm {algo} without --speculative-draft-model-path",
-                "SGLang needs the draft folder for EAGLE-family algorithms",
-                set_flag(s.command, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"), s.source))
-        elif (d is not None and s.draft_model_path and Path(s.draft_model_path).exists()
-              and Path(s.draft_model_path).resolve() != d.folder.resolve()):
+            out.append(
+                Finding(
+                    "algorithm",
+                    "error",
+                    f"--speculative-algorithm {algo} without --speculative-draft-model-path",
+                    "SGLang needs the draft folder for EAGLE-family algorithms",
+                    set_flag(s.command, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"),
+                    s.source,
+                )
+            )
+        elif (
+            d is not None
+            and s.draft_model_path
+            and Path(s.draft_model_path).exists()
+            and Path(s.draft_model_path).resolve() != d.folder.resolve()
+        ):
             out.append(
                 Finding(
                     "algorithm",
@@ -161,16 +199,27 @@ def check_topk_draft_tokens(servers: list) -> list:
                 if s.command
                 else f"--speculative-num-draft-tokens {want}"
             )
-            out.append(Finding(
-                "topk_draft_tokens", "warning",
-                f"--speculative-eagle-topk 1 with --speculative-num-draft-tokens {s.num_draft_tokens} != steps + 1 = "
-                f"{want}",
-                f"with topk 1 SGLang forces num_draft_tokens = steps + 1 = {want}: the value you give is ignored, and "
-                "anything recorded from the command (benchmark tables) is wrong",
-                fix, s.source))
+            out.append(
+                Finding(
+                    "topk_draft_tokens",
+                    "warning",
+                    f"--speculative-eagle-topk 1 with --speculative-num-draft-tokens {s.num_draft_tokens} != "
+                    f"steps + 1 = {want}",
+                    f"with topk 1 SGLang forces num_draft_tokens = steps + 1 = {want}: the value you give is "
+                    "ignored, and anything recorded from the command (benchmark tables) is wrong",
+                    fix,
+                    s.source,
+                )
+            )
         else:
-            out.append(Finding("topk_draft_tokens", "ok", f"topk 1, {s.num_steps} steps, {s.num_draft_tokens} draft "
-                                                          "tokens", where=s.source))
+            out.append(
+                Finding(
+                    "topk_draft_tokens",
+                    "ok",
+                    f"topk 1, {s.num_steps} steps, {s.num_draft_tokens} draft tokens",
+                    where=s.source,
+                )
+            )
     return out
 
 
@@ -180,22 +229,33 @@ def check_max_running_requests(servers: list) -> list:
         return []
     values = [(s, s.effective_max_running_requests) for s in servers]
     if len({v for _, v in values}) == 1:
-        return [Finding("max_running_requests", "ok", f"all {len(servers)} servers run with --max-running-requests "
-                                                      f"{values[0][1]}",
-                        where="; ".join(s.source[:40] for s in servers))]
+        return [
+            Finding(
+                "max_running_requests",
+                "ok",
+                f"all {len(servers)} servers run with --max-running-requests {values[0][1]}",
+                where="; ".join(s.source[:40] for s in servers),
+            )
+        ]
     explicit = [s.max_running_requests for s in servers if s.max_running_requests is not None]
     value = min(explicit) if explicit else 48
     described = ", ".join(
         f"{'speculative' if s.is_speculative else 'baseline'} {v if v is not None else 'auto (sized from memory)'}"
         + ("" if s.max_running_requests is not None else (" (EAGLE default)" if v is not None else ""))
-        for s, v in values)
+        for s, v in values
+    )
     fixes = [set_flag(s.command, "--max-running-requests", value) for s in servers if s.command]
-    return [Finding(
-        "max_running_requests", "error", f"unequal --max-running-requests: {described}",
-        "EAGLE-family servers cap running requests at 48 unless told otherwise; a baseline with a larger batch makes "
-        "the speed comparison unfair",
-        " ; ".join(fixes) if fixes else f"start every server with --max-running-requests {value}",
-        "; ".join(s.source[:40] for s in servers))]
+    return [
+        Finding(
+            "max_running_requests",
+            "error",
+            f"unequal --max-running-requests: {described}",
+            "EAGLE-family servers cap running requests at 48 unless told otherwise; a baseline with a larger "
+            "batch makes the speed comparison unfair",
+            " ; ".join(fixes) if fixes else f"start every server with --max-running-requests {value}",
+            "; ".join(s.source[:40] for s in servers),
+        )
+    ]
 
 
 def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: list) -> list:
@@ -204,9 +264,16 @@ def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: lis
     findings += check_algorithm(draft, servers)
     if draft is not None:
         for note in draft.notes:
-            findings.append(Finding("files", "warning", note, "SGLang loads every safetensors file; the contract "
-                                                              "ships one",
-                                    "save one model.safetensors", str(draft.folder)))
+            findings.append(
+                Finding(
+                    "files",
+                    "warning",
+                    note,
+                    "SGLang loads every safetensors file; the contract ships one",
+                    "save one model.safetensors",
+                    str(draft.folder),
+                )
+            )
         findings += check_architecture(draft)
     if draft is not None and target is not None:
         findings += check_hidden_size(draft, target)

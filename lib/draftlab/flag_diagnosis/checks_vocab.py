@@ -23,20 +23,32 @@ def check_vocab(d: DraftFiles, t: TargetInfo) -> list:
     out = []
     v = d.config.get("vocab_size")
     if v != t.vocab_size:
-        out.append(Finding(
-            "vocab_size", "error", f"draft vocab_size {v} differs from the target's {t.vocab_size}",
-            "the draft shares the target's embedding and maps draft ids into the target vocabulary",
-            _config_fix("vocab_size", t.vocab_size) + " (and rebuild d2t/t2d for this target)", where_cfg))
+        out.append(
+            Finding(
+                "vocab_size",
+                "error",
+                f"draft vocab_size {v} differs from the target's {t.vocab_size}",
+                "the draft shares the target's embedding and maps draft ids into the target vocabulary",
+                _config_fix("vocab_size", t.vocab_size) + " (and rebuild d2t/t2d for this target)",
+                where_cfg,
+            )
+        )
     else:
         out.append(Finding("vocab_size", "ok", f"vocab_size {v} = target's", where=where_cfg))
     vd = d.config.get("draft_vocab_size")
     lm = d.tensors.get("lm_head.weight", ((None,), ""))[0]
     d2t_len = d.tensors["d2t"][0][0] if "d2t" in d.tensors and d.tensors["d2t"][0] else None
     if vd is None:
-        out.append(Finding(
-            "draft_vocab", "error" if lm[0] != v else "warning", "draft_vocab_size is missing from config.json",
-            f"SGLang then sizes lm_head by vocab_size ({v}); the exported lm_head has {lm[0]} rows",
-            _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len), where_cfg))
+        out.append(
+            Finding(
+                "draft_vocab",
+                "error" if lm[0] != v else "warning",
+                "draft_vocab_size is missing from config.json",
+                f"SGLang then sizes lm_head by vocab_size ({v}); the exported lm_head has {lm[0]} rows",
+                _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len),
+                where_cfg,
+            )
+        )
     else:
         problems = []
         if d2t_len is not None and d2t_len != vd:
@@ -44,13 +56,19 @@ def check_vocab(d: DraftFiles, t: TargetInfo) -> list:
         if lm[0] is not None and lm[0] != vd:
             problems.append(f"lm_head.weight has {lm[0]} rows")
         if problems:
-            out.append(Finding(
-                "draft_vocab", "error", f"draft_vocab_size is {vd} but " + " and ".join(problems),
-                "lm_head is allocated with draft_vocab_size rows and d2t maps each of them: a mismatch fails at "
-                "start-up or maps draft tokens to the wrong target tokens",
-                _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len) + " (the size the draft was "
-                                                                                           "trained with)",
-                where_cfg))
+            out.append(
+                Finding(
+                    "draft_vocab",
+                    "error",
+                    f"draft_vocab_size is {vd} but " + " and ".join(problems),
+                    "lm_head is allocated with draft_vocab_size rows and d2t maps each of them: a mismatch fails at "
+                    "start-up or maps draft tokens to the wrong target tokens",
+                    _config_fix("draft_vocab_size", lm[0] if lm[0] is not None else d2t_len)
+                    + " (the size the draft was "
+                    "trained with)",
+                    where_cfg,
+                )
+            )
         else:
             out.append(
                 Finding("draft_vocab", "ok", f"draft_vocab_size {vd} = d2t length = lm_head rows", where=where_cfg)
@@ -84,9 +102,16 @@ def check_d2t_mapping(d: DraftFiles, t: TargetInfo) -> list:
     out = []
     d2t = d.d2t
     if d2t.dtype != torch.int64:
-        out.append(Finding("d2t_mapping", "warning", f"d2t is {d2t.dtype}, the contract says int64",
-                           "SGLang adds d2t to int64 ids; other dtypes are converted or overflow on large vocabularies",
-                           "save d2t as torch.int64", where))
+        out.append(
+            Finding(
+                "d2t_mapping",
+                "warning",
+                f"d2t is {d2t.dtype}, the contract says int64",
+                "SGLang adds d2t to int64 ids; other dtypes are converted or overflow on large vocabularies",
+                "save d2t as torch.int64",
+                where,
+            )
+        )
     target_ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)  # [Vd]
     bad = ((target_ids < 0) | (target_ids >= t.vocab_size)).nonzero().flatten()
     dup = target_ids.numel() - torch.unique(target_ids).numel()
@@ -94,8 +119,10 @@ def check_d2t_mapping(d: DraftFiles, t: TargetInfo) -> list:
         parts = []
         if bad.numel():
             first = int(bad[0])
-            parts.append(f"{bad.numel()} draft ids map outside 0..{t.vocab_size - 1} (e.g. draft id {first} -> "
-                         f"{int(target_ids[first])})")
+            parts.append(
+                f"{bad.numel()} draft ids map outside 0..{t.vocab_size - 1} (e.g. draft id {first} -> "
+                f"{int(target_ids[first])})"
+            )
         if dup:
             parts.append(f"{dup} target ids are reached by more than one draft id")
         out.append(
@@ -111,19 +138,30 @@ def check_d2t_mapping(d: DraftFiles, t: TargetInfo) -> list:
         )
         return out
     if not bool((target_ids[1:] > target_ids[:-1]).all()):
-        out.append(Finding("d2t_mapping", "warning", "d2t maps draft ids to target ids out of ascending order",
-                           "the contract's draft vocabulary is sorted by target id; an unsorted map suggests a "
-                           "different build",
-                           "rebuild d2t from the target ids sorted ascending", where))
+        out.append(
+            Finding(
+                "d2t_mapping",
+                "warning",
+                "d2t maps draft ids to target ids out of ascending order",
+                "the contract's draft vocabulary is sorted by target id; an unsorted map suggests a different build",
+                "rebuild d2t from the target ids sorted ascending",
+                where,
+            )
+        )
     if d.t2d is not None and d.t2d.numel() == t.vocab_size:
         t2d = d.t2d.to(torch.bool)
         agree = bool(t2d[target_ids].all()) and int(t2d.sum()) == target_ids.numel()
         if not agree:
-            out.append(Finding(
-                "d2t_mapping", "warning", f"t2d marks {int(t2d.sum())} target tokens but d2t reaches "
-                                          f"{target_ids.numel()} (or others)",
-                "t2d and d2t describe the same vocabulary; disagreement means one of them is from another export",
-                "rebuild t2d: t2d = zeros(V, bool); t2d[arange(Vd) + d2t] = True", where))
+            out.append(
+                Finding(
+                    "d2t_mapping",
+                    "warning",
+                    f"t2d marks {int(t2d.sum())} target tokens but d2t reaches {target_ids.numel()} (or others)",
+                    "t2d and d2t describe the same vocabulary; disagreement means one of them is from another export",
+                    "rebuild t2d: t2d = zeros(V, bool); t2d[arange(Vd) + d2t] = True",
+                    where,
+                )
+            )
     if not out:
         out.append(
             Finding(

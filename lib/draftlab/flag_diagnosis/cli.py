@@ -20,20 +20,34 @@ from draftlab.flag_diagnosis.probe import probe
 # CLI
 # ---------------------------------------------------------------------------------------------
 
+
 def add_doctor_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab doctor`: static checks of draft x target x flags, and/or a live probe."""
     ap = subparsers.add_parser(
-        "doctor", help="check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
+        "doctor",
+        help="check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
         description="Static checks read config.json and safetensors headers only. Exit 0 when nothing is an "
-                    "error, 1 on any error finding, 2 on unreadable input: a file or field that cannot be read, a "
-                    "launch command that cannot be a server's, a --probe URL that is malformed or unreachable.")
+        "error, 1 on any error finding, 2 on unreadable input: a file or field that cannot be read, a "
+        "launch command that cannot be a server's, a --probe URL that is malformed or unreachable.",
+    )
     ap.add_argument("--draft", help="exported draft folder (config.json + model.safetensors)")
-    ap.add_argument("--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json "
-                                     "only)")
-    ap.add_argument("--launch", action="append", default=[], metavar="CMD",
-                    help="SGLang launch command (repeat for a baseline and a speculative server)")
-    ap.add_argument("--server-info", action="append", default=[], metavar="FILE",
-                    help="a saved /server_info JSON answer (repeatable)")
+    ap.add_argument(
+        "--target", help="target: model folder, config.json, embedded, tiny, or a Hub id (config.json only)"
+    )
+    ap.add_argument(
+        "--launch",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="SGLang launch command (repeat for a baseline and a speculative server)",
+    )
+    ap.add_argument(
+        "--server-info",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a saved /server_info JSON answer (repeatable)",
+    )
     ap.add_argument("--probe", metavar="URL", help="probe a running server: settings, acceptance length, likely causes")
     ap.add_argument("--model", help="with --probe: the model name requests carry (default: from server_info)")
     ap.add_argument("--max-tokens", type=int, default=64, help="with --probe: tokens per request (default 64)")
@@ -64,10 +78,16 @@ def doctor_main(args: argparse.Namespace) -> int:
         return 2
     findings = result["findings"] if result else []
     if report is not None and report.collapsed:
-        findings = findings + [Finding(
-            "acceptance", "error", f"acceptance length {report.acceptance_length:.3f} at {report.url}",
-            "the draft contributes almost nothing: every verify step emits about one token",
-            report.causes[0].fix if report.causes else "", report.url)]
+        findings = findings + [
+            Finding(
+                "acceptance",
+                "error",
+                f"acceptance length {report.acceptance_length:.3f} at {report.url}",
+                "the draft contributes almost nothing: every verify step emits about one token",
+                report.causes[0].fix if report.causes else "",
+                report.url,
+            )
+        ]
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
     if args.json:
@@ -81,8 +101,10 @@ def doctor_main(args: argparse.Namespace) -> int:
             shape = result["target_shape"]
             head = f"draftlab doctor: draft {result['draft']}" if result["draft"] else "draftlab doctor"
             if shape:
-                head += (f" vs target {result['target']} (H={shape['hidden_size']}, {shape['num_layers']} layers, "
-                         f"V={shape['vocab_size']})")
+                head += (
+                    f" vs target {result['target']} (H={shape['hidden_size']}, {shape['num_layers']} layers, "
+                    f"V={shape['vocab_size']})"
+                )
             print(head)
             for s in result["servers"]:
                 print(f"  server: {s}")

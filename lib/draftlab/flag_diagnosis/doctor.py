@@ -39,8 +39,9 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
     if target is None:  # the served model, when a launch command or server_info names it
         target = next((s.model_path for s in servers if s.model_path), None)
         if draft is not None and target is None:
-            raise DoctorInputError("--target", "needed with --draft (a model folder, config.json, embedded, tiny or a "
-                                               "Hub id)")
+            raise DoctorInputError(
+                "--target", "needed with --draft (a model folder, config.json, embedded, tiny or a Hub id)"
+            )
     draft_files = read_draft(draft) if draft else None
     target_info = load_target_info(target) if (target and draft_files is not None) else None
     findings = run_checks(draft_files, target_info, servers)
@@ -58,8 +59,13 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
 
 
 def _shape(t) -> dict:
-    return {"hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
-            "model_type": t.model_type, "default_capture": t.default_capture}
+    return {
+        "hidden_size": t.hidden_size,
+        "num_layers": t.num_layers,
+        "vocab_size": t.vocab_size,
+        "model_type": t.model_type,
+        "default_capture": t.default_capture,
+    }
 
 
 def mode_widths(target_config: dict, capture_layers=None) -> list:
@@ -72,18 +78,22 @@ def mode_widths(target_config: dict, capture_layers=None) -> list:
     h, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     layers = list(capture_layers) if capture_layers is not None else default_capture(n)
     rows = []
-    for mode, sent, width in (("EAGLE3", f"hidden_states{layers} concatenated", len(layers) * h),
-                              ("EAGLE", "final hidden state only", h)):
+    for mode, sent, width in (
+        ("EAGLE3", f"hidden_states{layers} concatenated", len(layers) * h),
+        ("EAGLE", "final hidden state only", h),
+    ):
         fc_runs = width != h
-        rows.append({
-            "mode": mode,
-            "target sends": sent,
-            "width": width,
-            "fc.weight": f"[{h}, {3 * h}]",
-            "fc applied": fc_runs,
-            "draft input": f"fc: {width} -> {h}" if fc_runs else f"{width} as is (fc bypassed)",
-            "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)",
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "target sends": sent,
+                "width": width,
+                "fc.weight": f"[{h}, {3 * h}]",
+                "fc applied": fc_runs,
+                "draft input": f"fc: {width} -> {h}" if fc_runs else f"{width} as is (fc bypassed)",
+                "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)",
+            }
+        )
     return rows
 
 
@@ -110,8 +120,9 @@ def _wide_frame():
                 return super().__repr__()
 
         def _repr_html_(self) -> str:
-            styled = self.style.set_properties(**{"white-space": "pre-wrap", "word-break": "break-word",
-                                                  "text-align": "left", "vertical-align": "top"})
+            styled = self.style.set_properties(
+                **{"white-space": "pre-wrap", "word-break": "break-word", "text-align": "left", "vertical-align": "top"}
+            )
             return styled.to_html()
 
     return WideFrame
@@ -148,16 +159,23 @@ def format_probe(report) -> str:
     lines = [f"probe {report.url}"]
     s = report.settings
     if s is not None:
-        lines.append(f"  server_info ({report.server_info_endpoint}): algorithm {s.speculative_algorithm or 'none'}, "
-                     f"draft {s.draft_model_path}, steps {s.num_steps}, topk {s.eagle_topk}, draft tokens "
-                     f"{s.num_draft_tokens}, "
-                     f"max running requests {s.max_running_requests}")
+        lines.append(
+            f"  server_info ({report.server_info_endpoint}): algorithm {s.speculative_algorithm or 'none'}, "
+            f"draft {s.draft_model_path}, steps {s.num_steps}, topk {s.eagle_topk}, draft tokens "
+            f"{s.num_draft_tokens}, "
+            f"max running requests {s.max_running_requests}"
+        )
     else:
         lines.append("  server_info: not available")
     acc = report.acceptance_length
-    lines.append(f"  requests via {report.endpoint}: " + (f"acceptance length {acc:.3f} ({report.acceptance_note})"
-                                                         if acc is not None else f"acceptance length "
-                                                                                 f"{report.acceptance_note}"))
+    lines.append(
+        f"  requests via {report.endpoint}: "
+        + (
+            f"acceptance length {acc:.3f} ({report.acceptance_note})"
+            if acc is not None
+            else f"acceptance length {report.acceptance_note}"
+        )
+    )
     if report.lifetime_accept_length is not None:
         lines.append(f"  server lifetime avg_spec_accept_length {report.lifetime_accept_length:.3f}")
     for err in report.errors:

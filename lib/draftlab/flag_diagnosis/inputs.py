@@ -208,16 +208,18 @@ def load_target_info(spec: str) -> TargetInfo:
             raise DoctorInputError(spec, str(exc)) from exc
         return TargetInfo(str(spec), folder / "config.json", typed_config(folder / "config.json", text_config))
     if path.exists() or str(spec).startswith((".", "/")) or str(spec).count("/") != 1:
-        raise DoctorInputError(spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub "
-                                     "id)")
+        raise DoctorInputError(
+            spec, "target not found (give a model folder, a config.json, embedded, tiny or a Hub id)"
+        )
     from huggingface_hub import hf_hub_download
 
     try:
         local = hf_hub_download(repo_id=str(spec), filename="config.json")
     except Exception as exc:  # offline, gated, or no such repository
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise DoctorInputError(spec, f"config.json could not be fetched from the Hugging Face Hub "
-                                     f"({type(exc).__name__}: {msg})") from exc
+        raise DoctorInputError(
+            spec, f"config.json could not be fetched from the Hugging Face Hub ({type(exc).__name__}: {msg})"
+        ) from exc
     return TargetInfo(str(spec), Path(local), typed_config(Path(local), text_config))
 
 
@@ -226,4 +228,4 @@ def _fmt(shape) -> str:
 
 
 def _config_fix(key: str, value) -> str:
-    return f"set \"{key}\": {json.dumps(value)} in config.json"
+    return f'set "{key}": {json.dumps(value)} in config.json'

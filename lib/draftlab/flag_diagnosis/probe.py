@@ -144,8 +144,14 @@ def _model_name(client, base, info, model):
 
 def _chat(client, base, model, prompt, max_tokens):
     """One greedy chat request with return_meta_info; retried without it if the server rejects the key."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": False, "return_meta_info": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": False,
+        "return_meta_info": True,
+    }
     r = client.post(base + "/v1/chat/completions", json=body)
     if r.status_code in (400, 422):
         body.pop("return_meta_info")
@@ -165,8 +171,16 @@ def _generate(client, base, prompt, max_tokens):
     return dict(body.get("meta_info") or {})
 
 
-def probe(url: str, *, draft=None, target=None, model: str | None = None, prompts=PROBE_PROMPTS, max_tokens: int = 64,
-          timeout: float = 120.0) -> ProbeReport:
+def probe(
+    url: str,
+    *,
+    draft=None,
+    target=None,
+    model: str | None = None,
+    prompts=PROBE_PROMPTS,
+    max_tokens: int = 64,
+    timeout: float = 120.0,
+) -> ProbeReport:
     """Read the server's settings, measure acceptance length with greedy requests, rank causes if ~1.0.
 
     Raises DoctorInputError (one line, exit 2 in the CLI) for a malformed URL or a server that
@@ -182,8 +196,10 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
             info, endpoint, notes = read_server_info(client, base)
         except UNREACHABLE as exc:
             reason = str(exc).splitlines()[0] if str(exc) else ""
-            raise DoctorInputError(f"--probe {base}", f"server unreachable ({type(exc).__name__}: {reason}); start "
-                                                      "it, or check host and port") from None
+            raise DoctorInputError(
+                f"--probe {base}",
+                f"server unreachable ({type(exc).__name__}: {reason}); start it, or check host and port",
+            ) from None
         report.server_info, report.server_info_endpoint = info, endpoint
         if info is None:
             report.errors += notes
@@ -197,8 +213,10 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
                 report.lifetime_accept_length = float(states[0]["avg_spec_accept_length"])
         name = _model_name(client, base, info, model)
         tried = []  # (endpoint, metas) of each endpoint that answered every prompt
-        for ep, send in (("/v1/chat/completions", lambda p: _chat(client, base, name, p, max_tokens)),
-                         ("/generate", lambda p: _generate(client, base, p, max_tokens))):
+        for ep, send in (
+            ("/v1/chat/completions", lambda p: _chat(client, base, name, p, max_tokens)),
+            ("/generate", lambda p: _generate(client, base, p, max_tokens)),
+        ):
             try:
                 tried.append((ep, [send(prompt) for prompt in prompts]))
             except (httpx.HTTPError, ValueError) as exc:
@@ -209,8 +227,14 @@ def probe(url: str, *, draft=None, target=None, model: str | None = None, prompt
         with_spec = [t for t in tried if all(m.get("spec_verify_ct") is not None for m in t[1])]
         endpoint_used, metas = (with_spec or tried or [(None, [])])[0]
         report.endpoint = endpoint_used
-        report.requests = [{k: m.get(k) for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length",
-                                                    "spec_accept_rate") if m.get(k) is not None} for m in metas]
+        report.requests = [
+            {
+                k: m.get(k)
+                for k in ("completion_tokens", "spec_verify_ct", "spec_accept_length", "spec_accept_rate")
+                if m.get(k) is not None
+            }
+            for m in metas
+        ]
         report.acceptance_length, report.acceptance_note = acceptance_length(metas)
     if draft is None and report.settings and report.settings.draft_model_path:
         from pathlib import Path
@@ -231,33 +255,57 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
     algo = s.speculative_algorithm if s else None
     if report.acceptance_length is None:
         if s is not None and not s.is_speculative:
-            causes.append(Cause(0.9, "the server is not speculating", "server_info has no speculative_algorithm",
-                                "start it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT"))
+            causes.append(
+                Cause(
+                    0.9,
+                    "the server is not speculating",
+                    "server_info has no speculative_algorithm",
+                    "start it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT",
+                )
+            )
         elif s is None:
-            causes.append(Cause(0.8, "not an SGLang server (or an old one)", "no /server_info and no spec fields in "
-                                                                             "the answers",
-                                "probe the SGLang server; other engines do not report spec_verify_ct"))
+            causes.append(
+                Cause(
+                    0.8,
+                    "not an SGLang server (or an old one)",
+                    "no /server_info and no spec fields in the answers",
+                    "probe the SGLang server; other engines do not report spec_verify_ct",
+                )
+            )
         return causes
     if not report.collapsed:
         if s and s.num_steps and report.acceptance_length > s.num_steps + 1 + 1e-6:
-            causes.append(Cause(0.9, "impossible acceptance length", f"{report.acceptance_length:.2f} > steps + 1 = "
-                                                                     f"{s.num_steps + 1}",
-                                "check that completion_tokens and spec_verify_ct come from the same requests"))
+            causes.append(
+                Cause(
+                    0.9,
+                    "impossible acceptance length",
+                    f"{report.acceptance_length:.2f} > steps + 1 = {s.num_steps + 1}",
+                    "check that completion_tokens and spec_verify_ct come from the same requests",
+                )
+            )
         return causes
     eagle3_draft = None
     if draft is not None:
         eagle3_draft = bool(draft.uses_aux)
     if algo == "EAGLE" and eagle3_draft:
-        causes.append(Cause(0.95, "EAGLE-3 draft served with --speculative-algorithm EAGLE",
-                            f"server_info speculative_algorithm EAGLE; the draft {draft.folder} is an EAGLE-3 export "
-                            "(fc over 3 x H)",
-                            "restart with --speculative-algorithm EAGLE3 (the target then sends the three aux layers "
-                            "and fc runs)"))
+        causes.append(
+            Cause(
+                0.95,
+                "EAGLE-3 draft served with --speculative-algorithm EAGLE",
+                f"server_info speculative_algorithm EAGLE; the draft {draft.folder} is an EAGLE-3 export "
+                "(fc over 3 x H)",
+                "restart with --speculative-algorithm EAGLE3 (the target then sends the three aux layers and fc runs)",
+            )
+        )
     elif algo == "EAGLE":
-        causes.append(Cause(0.7, "--speculative-algorithm EAGLE with what may be an EAGLE-3 draft",
-                            f"server_info speculative_algorithm EAGLE, draft {s.draft_model_path}",
-                            "if the draft's config.json says LlamaForCausalLMEagle3, restart with "
-                            "--speculative-algorithm EAGLE3"))
+        causes.append(
+            Cause(
+                0.7,
+                "--speculative-algorithm EAGLE with what may be an EAGLE-3 draft",
+                f"server_info speculative_algorithm EAGLE, draft {s.draft_model_path}",
+                "if the draft's config.json says LlamaForCausalLMEagle3, restart with --speculative-algorithm EAGLE3",
+            )
+        )
     if s and s.num_draft_tokens is not None and s.num_draft_tokens <= 1:
         causes.append(
             Cause(
@@ -273,9 +321,20 @@ def rank_causes(report: ProbeReport, draft=None, target=None) -> list:
                 causes.append(Cause(0.6, f"draft: {f.what}", f.why, f.fix))
     tokens = sum(r.get("completion_tokens") or 0 for r in report.requests)
     if tokens < 32:
-        causes.append(Cause(0.3, "too few tokens to measure", f"{tokens} completion tokens in total",
-                            "probe with longer answers (--max-tokens)"))
-    causes.append(Cause(0.2, "draft trained for another target, chat template or data",
-                        "possible whenever acceptance is near 1.0, whatever the flags",
-                        "run `draftlab doctor --draft DIR --target MODEL` and check the draft on the reference engine"))
+        causes.append(
+            Cause(
+                0.3,
+                "too few tokens to measure",
+                f"{tokens} completion tokens in total",
+                "probe with longer answers (--max-tokens)",
+            )
+        )
+    causes.append(
+        Cause(
+            0.2,
+            "draft trained for another target, chat template or data",
+            "possible whenever acceptance is near 1.0, whatever the flags",
+            "run `draftlab doctor --draft DIR --target MODEL` and check the draft on the reference engine",
+        )
+    )
     return sorted(causes, key=lambda c: -c.score)

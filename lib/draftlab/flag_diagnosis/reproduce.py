@@ -19,17 +19,30 @@ def measured_widths(target, capture_layers=None, prompt: str = "Hello! How are y
     (pre-norm) output [B,T,H]. Whether SGLang applies fc follows from width != H.
     """
     layers = list(capture_layers) if capture_layers is not None else list(target.capture_layers)
-    ids = target.tokenizer(target.render([{"role": "user", "content": prompt}], add_generation_prompt=True),
-                           return_tensors="pt", add_special_tokens=False)["input_ids"]
+    ids = target.tokenizer(
+        target.render([{"role": "user", "content": prompt}], add_generation_prompt=True),
+        return_tensors="pt",
+        add_special_tokens=False,
+    )["input_ids"]
     aux, last, _ = target_states(target, ids, layers=layers)  # aux [1,T,3H], last [1,T,H]
     h = target.hidden_size
     rows = []
-    for mode, sent, tensor in (("EAGLE3", f"hidden_states{layers} concatenated", aux),
-                               ("EAGLE", "final hidden state only", last)):
+    for mode, sent, tensor in (
+        ("EAGLE3", f"hidden_states{layers} concatenated", aux),
+        ("EAGLE", "final hidden state only", last),
+    ):
         width = int(tensor.shape[-1])
-        rows.append({"mode": mode, "target sends": sent, "measured shape": list(tensor.shape), "width": width,
-                     "fc.weight": f"[{h}, {3 * h}]", "fc applied": width != h,
-                     "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)"})
+        rows.append(
+            {
+                "mode": mode,
+                "target sends": sent,
+                "measured shape": list(tensor.shape),
+                "width": width,
+                "fc.weight": f"[{h}, {3 * h}]",
+                "fc applied": width != h,
+                "head": "draft lm_head + d2t" if mode == "EAGLE3" else "target lm_head (draft's replaced)",
+            }
+        )
     return rows
 
 
@@ -49,14 +62,18 @@ def eval_prompts(run_dir, n: int) -> tuple:
                 break
         if prompts:
             return f"blend test split ({test})", prompts
-    base = list(PROBE_PROMPTS) + ["Write a haiku about the sea.", "What is the capital of France? Answer briefly.",
-                                  "Sort the list [3, 1, 2] in Python and explain.", "Give three tips for writing "
-                                                                                    "tests."]
+    base = list(PROBE_PROMPTS) + [
+        "Write a haiku about the sea.",
+        "What is the capital of France? Answer briefly.",
+        "Sort the list [3, 1, 2] in Python and explain.",
+        "Give three tips for writing tests.",
+    ]
     return "doctor built-in prompts", base[:n]
 
 
-def mode_acceptance(target, draft, prompts, num_steps: int = 3, max_new_tokens: int = 48,
-                    progress: bool = True) -> dict:
+def mode_acceptance(
+    target, draft, prompts, num_steps: int = 3, max_new_tokens: int = 48, progress: bool = True
+) -> dict:
     """The same draft through draftlab.engine in EAGLE3 and EAGLE modes (greedy decoded once, reused)."""
     ids = encode_prompts(target, prompts)
     out, greedy = {}, None

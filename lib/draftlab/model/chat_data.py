@@ -137,8 +137,21 @@ def tokenize_rows(rows, tokenizer, max_len: int, overlong: str = "truncate", whe
 def _cache_key(path: Path, tokenizer, max_len: int, overlong: str, limit) -> str:
     st = path.stat()
     h = hashlib.sha256()
-    h.update(json.dumps([str(path.resolve()), st.st_size, st.st_mtime_ns, max_len, overlong, limit,
-                         tokenizer.name_or_path, len(tokenizer), tokenizer.chat_template or ""]).encode())
+    h.update(
+        json.dumps(
+            [
+                str(path.resolve()),
+                st.st_size,
+                st.st_mtime_ns,
+                max_len,
+                overlong,
+                limit,
+                tokenizer.name_or_path,
+                len(tokenizer),
+                tokenizer.chat_template or "",
+            ]
+        ).encode()
+    )
     return h.hexdigest()[:16]
 
 

@@ -15,14 +15,21 @@ EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 # state over its T-wide chunk, weights fc_norm.{0,1,2}.weight, legacy aux_norm_low|mid|high). Both
 # use rms_norm_eps, both are skipped with fc when the incoming width is H (the EAGLE flag).
 FC_NORMS = ("none", "per_layer", "concat")  # the draft option; SGLang can also combine the two
-FC_NORM_TENSORS = {"concat": ("input_norm.weight",),
-                   "per_layer": ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")}
+FC_NORM_TENSORS = {
+    "concat": ("input_norm.weight",),
+    "per_layer": ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"),
+}
 # SGLang 0.5.17's LlamaForCausalLMEagle3.load_weights renames these substrings of a checkpoint name before
 # loading (llama_eagle3.py, legacy_name_map); the contract writes midlayer and the new fc_norm names.
-SGLANG_RENAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
-                  "aux_norm_high": "fc_norm.2"}
-LEGACY_FC_NORM_NAMES = {f"{old}.weight": f"{new}.weight" for old, new in SGLANG_RENAMES.items()
-                        if old.startswith("aux_")}
+SGLANG_RENAMES = {
+    "midlayer": "layers.0",
+    "aux_norm_low": "fc_norm.0",
+    "aux_norm_mid": "fc_norm.1",
+    "aux_norm_high": "fc_norm.2",
+}
+LEGACY_FC_NORM_NAMES = {
+    f"{old}.weight": f"{new}.weight" for old, new in SGLANG_RENAMES.items() if old.startswith("aux_")
+}
 
 
 def _sglang_param(contract_name: str) -> str:
@@ -116,8 +123,17 @@ def expected_tensors(config: dict, target_hidden: int | None = None, uses_aux: b
 # is: "8k" fails int() deep inside start-up, and the string "false" is true in Python, so a draft
 # with tie_word_embeddings "false" is served tied. The exporter's validator and the doctor both
 # refuse a wrongly typed field here, before any check compares it with something.
-INT_FIELDS = ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "num_hidden_layers", "max_position_embeddings")
+INT_FIELDS = (
+    "hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "max_position_embeddings",
+)
 FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
 BOOL_FIELDS = ("tie_word_embeddings", "fc_norm", "use_aux_norm", "norm_before_fc")
 
@@ -142,7 +158,7 @@ def _wrong(key: str, v, expected: str, string_note: str = "") -> str:
 
 
 def field_type_problems(config: dict) -> list[str]:
-    """"field 'x' is ..., not ..." for every present field of the wrong JSON type ([] = all readable).
+    """ "field 'x' is ..., not ..." for every present field of the wrong JSON type ([] = all readable).
 
     Integers must be JSON integers above 0 (true/false are not integers, 64.0 is not 64); floats any
     JSON number; booleans true or false. A null value counts as absent (the missing-key checks
@@ -161,14 +177,33 @@ def field_type_problems(config: dict) -> list[str]:
         (floats, _is_number, "a number", ""),
         (bools, lambda v: isinstance(v, bool), "true/false", " (Python reads any non-empty string as true)"),
     )
-    return [_wrong(key, v, expected, note) for fields, accepted, expected, note in groups
-            for key, v in fields if v is not None and not accepted(v)]
+    return [
+        _wrong(key, v, expected, note)
+        for fields, accepted, expected, note in groups
+        for key, v in fields
+        if v is not None and not accepted(v)
+    ]
 
 
 # ---- safetensors layout ----------------------------------------------------------------------
 # Bytes per element of each safetensors dtype SGLang can load.
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 HEADER_LIMIT = 100_000_000  # the safetensors reader's own cap on the header length
 
 
@@ -193,8 +228,9 @@ def safetensors_layout(path) -> tuple[dict | None, list[str]]:
             return None, [f"{size} bytes, shorter than the 8-byte header length: not a safetensors file"]
         n = int.from_bytes(raw, "little")
         if n > HEADER_LIMIT or 8 + n > size:
-            return None, [f"header length {n} runs past the end of the {size}-byte file (truncated, or not "
-                          "a safetensors file)"]
+            return None, [
+                f"header length {n} runs past the end of the {size}-byte file (truncated, or not a safetensors file)"
+            ]
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -210,8 +246,12 @@ def safetensors_layout(path) -> tuple[dict | None, list[str]]:
             problems.append(f"tensor {key}: header entry is not an object")
             continue
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
-                and offsets[0] <= offsets[1]):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
             problems.append(f"tensor {key}: data_offsets {offsets!r} are not [begin, end] byte offsets")
             continue
         if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
@@ -223,25 +263,31 @@ def safetensors_layout(path) -> tuple[dict | None, list[str]]:
         begin, end = offsets
         want = math.prod(shape) * DTYPE_BYTES[dtype]
         if end - begin != want:
-            problems.append(f"tensor {key}: data_offsets {offsets} hold {end - begin} bytes, {dtype} x "
-                            f"{shape} needs {want}")
+            problems.append(
+                f"tensor {key}: data_offsets {offsets} hold {end - begin} bytes, {dtype} x {shape} needs {want}"
+            )
         if end > data:
             past.append(key)
         spans.append((begin, end, key))
     if past:
-        problems.append(f"data_offsets of {len(past)} tensor(s) ({', '.join(past[:4])}"
-                        f"{', ...' if len(past) > 4 else ''}) lie past the end of the data: the file has {data} "
-                        "bytes after the header (truncated, or offsets written wrong)")
+        problems.append(
+            f"data_offsets of {len(past)} tensor(s) ({', '.join(past[:4])}"
+            f"{', ...' if len(past) > 4 else ''}) lie past the end of the data: the file has {data} "
+            "bytes after the header (truncated, or offsets written wrong)"
+        )
     cursor = 0
     for begin, end, key in sorted(spans):
         if begin != cursor:
-            problems.append(f"tensor {key} starts at byte {begin} of the data, the previous one ends at "
-                            f"{cursor} ({'gap' if begin > cursor else 'overlap'})")
+            problems.append(
+                f"tensor {key} starts at byte {begin} of the data, the previous one ends at "
+                f"{cursor} ({'gap' if begin > cursor else 'overlap'})"
+            )
             break
         cursor = end
     if not problems and cursor != data:
-        problems.append(f"file size {size} bytes != 8 + header {n} + tensor data {cursor} "
-                        f"= {8 + n + cursor} (truncated or padded)")
+        problems.append(
+            f"file size {size} bytes != 8 + header {n} + tensor data {cursor} = {8 + n + cursor} (truncated or padded)"
+        )
     elif past:
         problems.append(f"file size {size} bytes, the header describes {8 + n + max(e for _, e, _ in spans)}")
     return header, problems

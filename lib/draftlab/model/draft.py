@@ -227,8 +227,9 @@ class Eagle3Draft(nn.Module):
         self.fc_norms = fc_norms(config) if self.use_aux else ()
         eps = config.rms_norm_eps
         self.input_norm = LlamaRMSNorm(3 * h, eps=eps) if "concat" in self.fc_norms else None
-        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(h, eps=eps) for _ in range(3)])
-                        if "per_layer" in self.fc_norms else None)
+        self.fc_norm = (
+            nn.ModuleList([LlamaRMSNorm(h, eps=eps) for _ in range(3)]) if "per_layer" in self.fc_norms else None
+        )
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
@@ -461,10 +462,20 @@ def config_from_dict(raw: dict) -> LlamaConfig:
     raw = dict(raw)
     if "rope_parameters" not in raw and "rope_theta" in raw:
         scaling = raw.get("rope_scaling") or {}
-        raw["rope_parameters"] = {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), **scaling,
-                                  "rope_theta": raw["rope_theta"]}
-    legacy = ("rope_theta", "rope_scaling", "architectures", "model_type", "transformers_version", "torch_dtype",
-              "dtype")
+        raw["rope_parameters"] = {
+            "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+            **scaling,
+            "rope_theta": raw["rope_theta"],
+        }
+    legacy = (
+        "rope_theta",
+        "rope_scaling",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+    )
     for k in legacy:
         raw.pop(k, None)
     layers = capture_layers_from_config(raw)

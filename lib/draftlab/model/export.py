@@ -27,9 +27,21 @@ from draftlab.model.contract import (
 from draftlab.model.target import target_dims
 
 CONFIG_REQUIRED = (
-    "architectures", "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "draft_vocab_size",
-    "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-    "rope_theta", "max_position_embeddings", "tie_word_embeddings", "eagle_config",
+    "architectures",
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "eagle_config",
 )
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 _NORM_NAMES = {n for names in FC_NORM_TENSORS.values() for n in names}  # the norms before fc
@@ -56,8 +68,10 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
     # draftlab's ids are hidden_states indices ("input of layer i"); SGLang's config ids follow
     # its own rule (model.capture), so convert them there and record the trained indices.
     deepseek = d.pop("capture_convention", None) == "deepseek"
-    eagle = {"eagle_aux_hidden_state_layer_ids": config_ids(layers, deepseek) if layers is not None else None,
-             "use_aux_hidden_state": bool(draft.use_aux)}
+    eagle = {
+        "eagle_aux_hidden_state_layer_ids": config_ids(layers, deepseek) if layers is not None else None,
+        "use_aux_hidden_state": bool(draft.use_aux),
+    }
     # The norms before fc the draft runs, in SGLang's canonical keys (a legacy use_aux_norm is rewritten).
     for key in ("fc_norm", "use_aux_norm", "norm_before_fc"):
         d.pop(key, None)
@@ -71,9 +85,19 @@ def export_config(draft, max_position_embeddings: int | None = None, dtype: str 
             d["draftlab"]["capture_convention"] = "deepseek"
     d["torch_dtype"] = dtype
     d["dtype"] = dtype
-    for k in ("_name_or_path", "transformers_version", "output_hidden_states", "return_dict", "use_cache",
-              "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
-              "output_attentions"):
+    for k in (
+        "_name_or_path",
+        "transformers_version",
+        "output_hidden_states",
+        "return_dict",
+        "use_cache",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+        "output_attentions",
+    ):
         d.pop(k, None)
     return d
 
@@ -99,8 +123,9 @@ def export_draft(draft, folder, max_position_embeddings: int | None = None, dtyp
             t = t.to(torch_dtype)
         tensors[name] = t.contiguous()
     config = export_config(draft, max_position_embeddings, dtype)
-    problems = check(config, {n: (list(t.shape), _st_dtype(t.dtype)) for n, t in tensors.items()},
-                     allow_eagle1=not draft.use_aux)
+    problems = check(
+        config, {n: (list(t.shape), _st_dtype(t.dtype)) for n, t in tensors.items()}, allow_eagle1=not draft.use_aux
+    )
     if problems:
         raise ValueError("export would not match the EAGLE-3 contract:\n  " + "\n  ".join(problems))
     with atomic_path(folder / "model.safetensors") as tmp:
@@ -128,8 +153,9 @@ def read_safetensors_header(path) -> dict:
         return json.loads(f.read(n))
 
 
-def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
-          allow_eagle1: bool = False) -> list[str]:
+def check(
+    config: dict, tensors: dict[str, tuple[list[int], str]], target=None, allow_eagle1: bool = False
+) -> list[str]:
     """Every deviation of (config dict, {name: (shape, safetensors dtype)}) from the contract.
 
     allow_eagle1: accept use_aux_hidden_state = false (the EAGLE-1-style ablation draft, no fc)."""
@@ -162,14 +188,17 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
         use_aux = eagle.get("use_aux_hidden_state")
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         if use_aux is not True and not (allow_eagle1 and use_aux is False):
-            p.append(f"config.json: eagle_config.use_aux_hidden_state = {use_aux!r}: an EAGLE-1-style draft "
-                     "(no fc); SGLang's EAGLE3 cannot serve it (ablation only)")
+            p.append(
+                f"config.json: eagle_config.use_aux_hidden_state = {use_aux!r}: an EAGLE-1-style draft "
+                "(no fc); SGLang's EAGLE3 cannot serve it (ablation only)"
+            )
         if use_aux is not False:
             if not (isinstance(ids, list) and len(ids) == 3 and all(isinstance(x, int) for x in ids)):
                 p.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids = {ids!r}, expected 3 ints")
             elif ids != sorted(ids) or len(set(ids)) != 3:
-                p.append(f"config.json: eagle_aux_hidden_state_layer_ids {ids} not strictly increasing (low, mid, "
-                         "high)")
+                p.append(
+                    f"config.json: eagle_aux_hidden_state_layer_ids {ids} not strictly increasing (low, mid, high)"
+                )
     dvs, vs = config.get("draft_vocab_size"), config.get("vocab_size")
     if isinstance(dvs, int) and isinstance(vs, int) and not 0 < dvs <= vs:
         p.append(f"config.json: draft_vocab_size {dvs} not in 1..vocab_size {vs}")
@@ -178,9 +207,14 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
         p.append(f"config.json: num_attention_heads {heads} not a multiple of num_key_value_heads {kvh}")
     if target is not None:
         t = target_dims(target)
-        typed = field_type_problems({"hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"],
-                                     "num_hidden_layers": t["num_layers"],
-                                     "max_position_embeddings": t["max_position_embeddings"]})
+        typed = field_type_problems(
+            {
+                "hidden_size": t["hidden_size"],
+                "vocab_size": t["vocab_size"],
+                "num_hidden_layers": t["num_layers"],
+                "max_position_embeddings": t["max_position_embeddings"],
+            }
+        )
         if typed:
             return p + [f"target config: {x}" for x in typed]
         for key, tkey in (("hidden_size", "hidden_size"), ("vocab_size", "vocab_size")):
@@ -188,27 +222,46 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
                 p.append(f"config.json: {key} = {config.get(key)}, target has {t[tkey]}")
         target_context = t.get("max_position_embeddings")
         if target_context and (config.get("max_position_embeddings") or 0) < target_context:
-            p.append(f"config.json: max_position_embeddings {config.get('max_position_embeddings')} < target's "
-                     f"{t['max_position_embeddings']} (SGLang refuses to start without "
-                     "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)")
+            p.append(
+                f"config.json: max_position_embeddings {config.get('max_position_embeddings')} < target's "
+                f"{t['max_position_embeddings']} (SGLang refuses to start without "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"
+            )
         n = t.get("num_layers")
         deepseek = recorded_deepseek(config)
         if n and isinstance(ids, list) and all(isinstance(x, int) for x in ids):
             bad = outside_target(ids, n, deepseek)
             if bad:
-                p.append(f"config.json: capture layer ids {ids}: {bad} fall outside the {n}-layer target (SGLang "
-                         f"captures the input of layer id+1, which must be 1..{n - 1}); the concatenation fc "
-                         "receives would be narrower than trained")
-    if missing and any(k in missing for k in ("hidden_size", "vocab_size", "draft_vocab_size", "intermediate_size",
-                                               "num_attention_heads", "num_key_value_heads")):
+                p.append(
+                    f"config.json: capture layer ids {ids}: {bad} fall outside the {n}-layer target (SGLang "
+                    f"captures the input of layer id+1, which must be 1..{n - 1}); the concatenation fc "
+                    "receives would be narrower than trained"
+                )
+    if missing and any(
+        k in missing
+        for k in (
+            "hidden_size",
+            "vocab_size",
+            "draft_vocab_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+        )
+    ):
         return p  # shapes cannot be derived
     exp = {n: list(s) for n, s in expected_tensors(config, uses_aux=use_aux is not False).items()}
     for name, shape in exp.items():
         if name not in tensors:
-            p.append(f"model.safetensors: tensor {name} missing" + (
-                " (SGLang would leave it randomly initialised)" if name == "fc.weight" else
-                " (config.json asks for this norm before fc; SGLang would run it with weight 1)"
-                if name in _NORM_NAMES else ""))
+            p.append(
+                f"model.safetensors: tensor {name} missing"
+                + (
+                    " (SGLang would leave it randomly initialised)"
+                    if name == "fc.weight"
+                    else " (config.json asks for this norm before fc; SGLang would run it with weight 1)"
+                    if name in _NORM_NAMES
+                    else ""
+                )
+            )
             continue
         got_shape, got_dtype = tensors[name]
         if list(got_shape) != shape:
@@ -226,11 +279,15 @@ def check(config: dict, tensors: dict[str, tuple[list[int], str]], target=None,
         elif name.endswith(".bias"):
             p.append(f"model.safetensors: {name}: bias tensors are not part of the contract")
         elif name in LEGACY_FC_NORM_NAMES:
-            p.append(f"model.safetensors: {name}: legacy name (SGLang renames it to {LEGACY_FC_NORM_NAMES[name]}, "
-                     "which the contract writes)")
+            p.append(
+                f"model.safetensors: {name}: legacy name (SGLang renames it to {LEGACY_FC_NORM_NAMES[name]}, "
+                "which the contract writes)"
+            )
         elif name in _NORM_NAMES:
-            p.append(f"model.safetensors: {name}: a norm before fc that config.json does not turn on (SGLang "
-                     "skips it silently: fc gets un-normed states)")
+            p.append(
+                f"model.safetensors: {name}: a norm before fc that config.json does not turn on (SGLang "
+                "skips it silently: fc gets un-normed states)"
+            )
         else:
             p.append(f"model.safetensors: unexpected tensor {name} (SGLang skips it silently)")
     return p
@@ -270,6 +327,7 @@ def validate(folder, target=None, allow_eagle1: bool = False) -> list[str]:
     p += [f"model.safetensors: {x}" for x in layout]
     if header is None:
         return p
-    tensors = {n: (v.get("shape"), v.get("dtype")) for n, v in header.items()
-               if n != "__metadata__" and isinstance(v, dict)}
+    tensors = {
+        n: (v.get("shape"), v.get("dtype")) for n, v in header.items() if n != "__metadata__" and isinstance(v, dict)
+    }
     return p + check(config, tensors, target, allow_eagle1)

@@ -129,11 +129,16 @@ def remove_leftover_temps(out_dir) -> list:
     from pathlib import Path
 
     out = Path(out_dir)
-    leftovers = [p for pattern in (f"shard-*.safetensors{TMP_SUFFIX}", "shard-*.safetensors.tmp", "index.json.tmp")
-                 for p in sorted(out.glob(pattern))]
+    leftovers = [
+        p
+        for pattern in (f"shard-*.safetensors{TMP_SUFFIX}", "shard-*.safetensors.tmp", "index.json.tmp")
+        for p in sorted(out.glob(pattern))
+    ]
     for path in leftovers:
-        print(f"{path}: removing a temp file ({path.stat().st_size / 1e6:.1f} MB) left by an interrupted "
-              "precompute", flush=True)
+        print(
+            f"{path}: removing a temp file ({path.stat().st_size / 1e6:.1f} MB) left by an interrupted precompute",
+            flush=True,
+        )
         path.unlink()
     return leftovers
 
@@ -153,8 +158,16 @@ def estimate_bytes(num_tokens: int, hidden_size: int, store_aux: bool, dtype: to
     return num_tokens * width * torch.tensor([], dtype=dtype).element_size()
 
 
-def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = True, batch_tokens: int = 8192,
-                      shard_tokens: int = 1 << 20, dtype: torch.dtype = torch.bfloat16) -> "OfflineHidden":
+def precompute_hidden(
+    target,
+    dataset,
+    out_dir,
+    layers=None,
+    store_aux: bool = True,
+    batch_tokens: int = 8192,
+    shard_tokens: int = 1 << 20,
+    dtype: torch.dtype = torch.bfloat16,
+) -> "OfflineHidden":
     """Write the target's states for every sample to `out_dir/shard-NNNNN.safetensors`.
 
     Each shard holds `last` [n_tok, H] (pre-norm final state) and, with store_aux, `aux`
@@ -173,8 +186,16 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
     layers = list(layers if layers is not None else target.capture_layers)
     lengths = [len(x) for x in dataset["input_ids"]]
     fp = _ids_fingerprint(dataset)
-    meta = {"layers": layers, "hidden_size": target.hidden_size, "store_aux": store_aux, "dtype": str(dtype),
-            "fingerprint": fp, "num_samples": len(lengths), "target": str(target.name), "shards": []}
+    meta = {
+        "layers": layers,
+        "hidden_size": target.hidden_size,
+        "store_aux": store_aux,
+        "dtype": str(dtype),
+        "fingerprint": fp,
+        "num_samples": len(lengths),
+        "target": str(target.name),
+        "shards": [],
+    }
     index_path = out / "index.json"
     if index_path.is_file():
         old = json.loads(index_path.read_text())
@@ -188,20 +209,25 @@ def precompute_hidden(target, dataset, out_dir, layers=None, store_aux: bool = T
     done = meta["shards"][-1]["end"] if meta["shards"] else 0
     total = sum(lengths)
     est = estimate_bytes(total, target.hidden_size, store_aux, dtype)
-    print(f"offline hidden states: {len(lengths)} samples, {total:,} tokens -> {est / 1e9:.2f} GB "
-          f"({'aux 3H + ' if store_aux else ''}last H, {dtype}) in {out}; "
-          f"{done} samples already done", flush=True)
+    print(
+        f"offline hidden states: {len(lengths)} samples, {total:,} tokens -> {est / 1e9:.2f} GB "
+        f"({'aux 3H + ' if store_aux else ''}last H, {dtype}) in {out}; "
+        f"{done} samples already done",
+        flush=True,
+    )
     need, free = est * sum(lengths[done:]) / max(total, 1), shutil.disk_usage(out).free
     if need > free:  # fail before the first shard, not at the disk's end (21.6K conversations: 35 GB in bf16)
-        raise RunFailure(f"{out}: the offline hidden states need {need / 1e9:.1f} GB more, {free / 1e9:.1f} GB "
-                         "free (train with hidden online, or another hidden_dir)")
+        raise RunFailure(
+            f"{out}: the offline hidden states need {need / 1e9:.1f} GB more, {free / 1e9:.1f} GB "
+            "free (train with hidden online, or another hidden_dir)"
+        )
     pad = target.tokenizer.pad_token_id or 0
     bar = tqdm(total=sum(lengths[done:]), unit="tok", desc="hidden states", leave=False)
     start, i = done, done
     buf_aux, buf_last, buf_tok = [], [], 0
     while i < len(lengths):
         j = i
-        while j < len(lengths) and (j == i or max(lengths[i:j + 1]) * (j + 1 - i) <= batch_tokens):
+        while j < len(lengths) and (j == i or max(lengths[i : j + 1]) * (j + 1 - i) <= batch_tokens):
             j += 1
         rows = dataset[i:j]["input_ids"]
         longest = max(len(r) for r in rows)
@@ -242,8 +268,9 @@ class OfflineHidden:
         self.dir = Path(out_dir)
         meta = json.loads((self.dir / "index.json").read_text())
         if meta["fingerprint"] != _ids_fingerprint(dataset) or meta["shards"][-1]["end"] != len(dataset):
-            raise ValueError(f"{self.dir}: offline hidden states are incomplete or belong to other data; "
-                             "rerun precompute_hidden")
+            raise ValueError(
+                f"{self.dir}: offline hidden states are incomplete or belong to other data; rerun precompute_hidden"
+            )
         self.meta = meta
         self.layers = meta["layers"]
         self.store_aux = meta["store_aux"]
@@ -278,7 +305,7 @@ class OfflineHidden:
         for b, k in enumerate(indices):
             name, off, n = self.where[k]
             f = self._handle(name)
-            last[b, :n] = f.get_slice("last")[off:off + n]
+            last[b, :n] = f.get_slice("last")[off : off + n]
             if want_aux:
-                aux[b, :n] = f.get_slice("aux")[off:off + n]
+                aux[b, :n] = f.get_slice("aux")[off : off + n]
         return aux, last

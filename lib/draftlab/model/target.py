@@ -278,11 +278,16 @@ def target_dims(target) -> dict:
     if isinstance(cfg, dict):
         get = cfg.get
     else:
+
         def get(key, default=None):
             return getattr(cfg, key, default)
-    return {"hidden_size": get("hidden_size"), "vocab_size": get("vocab_size"),
-            "num_layers": get("num_layers", get("num_hidden_layers")),
-            "max_position_embeddings": get("max_position_embeddings")}
+
+    return {
+        "hidden_size": get("hidden_size"),
+        "vocab_size": get("vocab_size"),
+        "num_layers": get("num_layers", get("num_hidden_layers")),
+        "max_position_embeddings": get("max_position_embeddings"),
+    }
 
 
 def read_config(spec: str) -> dict:

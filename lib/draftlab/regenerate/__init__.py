@@ -2,7 +2,6 @@
 
 The names below are the stage's public API; other stages import only these."""
 
-
 from draftlab.regenerate.batch import (  # noqa: F401
     generate_turns,
     plan_batches,

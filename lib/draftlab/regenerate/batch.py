@@ -71,8 +71,14 @@ def plan_batches(lengths: list[int], batch_size: int, batch_tokens: int, max_new
     raise ValueError(f"a prompt of {lengths[-1]} tokens + {max_new} new exceeds batch_tokens {batch_tokens}")
 
 
-def generate_turns(target, prompts: list[list[dict]], config: RegenConfig,
-                   batch_size: int, cache: str = "dynamic", batch_tokens: int = 0) -> list[dict]:
+def generate_turns(
+    target,
+    prompts: list[list[dict]],
+    config: RegenConfig,
+    batch_size: int,
+    cache: str = "dynamic",
+    batch_tokens: int = 0,
+) -> list[dict]:
     """One assistant turn for each prompt (a message list), in static batches of at most
     `batch_size` rows and `batch_tokens` padded tokens (0: no token limit), see `plan_batches`.
 
@@ -88,8 +94,7 @@ def generate_turns(target, prompts: list[list[dict]], config: RegenConfig,
     lengths = [len(tok(t, add_special_tokens=False).input_ids) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: lengths[i])
     limit = target.max_position_embeddings
-    gen_kw = dict(max_new_tokens=config.max_tokens, pad_token_id=tok.pad_token_id,
-                  eos_token_id=sorted(eos))
+    gen_kw = dict(max_new_tokens=config.max_tokens, pad_token_id=tok.pad_token_id, eos_token_id=sorted(eos))
     if config.temperature > 0:
         gen_kw.update(do_sample=True, temperature=config.temperature, top_p=config.top_p)
     else:
@@ -103,49 +108,75 @@ def generate_turns(target, prompts: list[list[dict]], config: RegenConfig,
     runnable = []
     for i in order:
         if lengths[i] + config.max_tokens > limit:
-            results[i] = {"error": f"prompt of {lengths[i]} tokens + max_tokens {config.max_tokens} "
-                                   f"exceeds the context of {limit}"}
+            results[i] = {
+                "error": f"prompt of {lengths[i]} tokens + max_tokens {config.max_tokens} "
+                f"exceeds the context of {limit}"
+            }
         elif batch_tokens and lengths[i] + config.max_tokens > batch_tokens:
-            results[i] = {"error": f"prompt of {lengths[i]} tokens + max_tokens {config.max_tokens} "
-                                   f"exceeds batch_tokens {batch_tokens}"}
+            results[i] = {
+                "error": f"prompt of {lengths[i]} tokens + max_tokens {config.max_tokens} "
+                f"exceeds batch_tokens {batch_tokens}"
+            }
         else:
             runnable.append(i)
     for run in plan_batches([lengths[i] for i in runnable], batch_size, batch_tokens, config.max_tokens):
         idx = [runnable[j] for j in run]
-        enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True,
-                  add_special_tokens=False).to(target.device)
+        enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(
+            target.device
+        )
         with torch.inference_mode():
             out = target.model.generate(**enc, **gen_kw)  # [b, prompt_len + new]
-        new = out[:, enc.input_ids.shape[1]:].tolist()
+        new = out[:, enc.input_ids.shape[1] :].tolist()
         for i, ids in zip(idx, new):
             n_end = next((j for j, t in enumerate(ids) if t in eos), len(ids))
             text = tok.decode(ids[:n_end], skip_special_tokens=True)
             text, reason, n = _finish(ids, text, eos, config.max_tokens, config.stop)
-            results[i] = {"text": text, "finish_reason": reason, "prompt_tokens": lengths[i],
-                          "completion_tokens": n}
+            results[i] = {"text": text, "finish_reason": reason, "prompt_tokens": lengths[i], "completion_tokens": n}
     return results
 
 
-def regenerate_batch(rows: list[dict], work: str | os.PathLike, config: RegenConfig, *,
-                     target="embedded", device: str = "auto", dtype=None, batch_size: int = 1024,
-                     input_path: str = "", progress: bool = True, cache: str = "dynamic",
-                     batch_tokens: int = 0, desc: str = "regenerate[batch]") -> dict:
+def regenerate_batch(
+    rows: list[dict],
+    work: str | os.PathLike,
+    config: RegenConfig,
+    *,
+    target="embedded",
+    device: str = "auto",
+    dtype=None,
+    batch_size: int = 1024,
+    input_path: str = "",
+    progress: bool = True,
+    cache: str = "dynamic",
+    batch_tokens: int = 0,
+    desc: str = "regenerate[batch]",
+) -> dict:
     """Regenerate the unfinished rows with `generate`; `target` is a spec or a loaded Target."""
     work = Path(work)
     with WorkLock(work):
-        return _regenerate_batch_locked(rows, work, config, target=target, device=device,
-                                        dtype=dtype, batch_size=batch_size, input_path=input_path,
-                                        progress=progress, cache=cache, batch_tokens=batch_tokens, desc=desc)
+        return _regenerate_batch_locked(
+            rows,
+            work,
+            config,
+            target=target,
+            device=device,
+            dtype=dtype,
+            batch_size=batch_size,
+            input_path=input_path,
+            progress=progress,
+            cache=cache,
+            batch_tokens=batch_tokens,
+            desc=desc,
+        )
 
 
-def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch_size,
-                             input_path, progress, cache, batch_tokens, desc) -> dict:
+def _regenerate_batch_locked(
+    rows, work, config, *, target, device, dtype, batch_size, input_path, progress, cache, batch_tokens, desc
+) -> dict:
     import torch
 
     state = scan_work(work)
     finished = state.finished
-    todo = [r for r in rows if r["id"] not in finished
-            and (config.retry_errors or r["id"] not in state.errors)]
+    todo = [r for r in rows if r["id"] not in finished and (config.retry_errors or r["id"] not in state.errors)]
     stats = RunStats(total=len(rows), skipped=len(rows) - len(todo))
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype)
@@ -160,7 +191,7 @@ def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch
     todo.sort(key=lambda r: sum(len(m["content"]) for m in plans[r["id"]][: slots(plans[r["id"]])[0]]))
     try:
         for c in range(0, len(todo), batch_size):
-            chunk = todo[c: c + batch_size]
+            chunk = todo[c : c + batch_size]
             t0 = time.time()
             if config.seed is not None:
                 torch.manual_seed(config.seed + c)
@@ -168,8 +199,7 @@ def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch
             failed: dict[str, str] = {}
             k = 0
             while True:
-                active = [r for r in chunk if r["id"] not in failed
-                          and len(slots(plans[r["id"]])) > k]
+                active = [r for r in chunk if r["id"] not in failed and len(slots(plans[r["id"]])) > k]
                 if not active:
                     break
                 positions = [slots(plans[r["id"]])[k] for r in active]
@@ -190,8 +220,11 @@ def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch
                     stats.error_reasons["prompt too long"] += 1
                     out.write_error({"id": r["id"], "reason": failed[r["id"]], "t": time.time()})
                 else:
-                    outcome(out, stats, build_row(r, plans[r["id"]], turns[r["id"]], config,
-                                                  "batch", len(turns[r["id"]]), t0))
+                    outcome(
+                        out,
+                        stats,
+                        build_row(r, plans[r["id"]], turns[r["id"]], config, "batch", len(turns[r["id"]]), t0),
+                    )
             bar.step(len(chunk))
     finally:
         bar.close()
@@ -202,8 +235,14 @@ def _regenerate_batch_locked(rows, work, config, *, target, device, dtype, batch
 
 
 # ---- benchmark: output tokens/s of the batch backend by batch size --------------------------
-def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int], new_tokens: int = 64,
-                      cache: str = "dynamic", repeats: int = 1) -> list[dict]:
+def sweep_batch_sizes(
+    target,
+    prompts: list[list[dict]],
+    batch_sizes: list[int],
+    new_tokens: int = 64,
+    cache: str = "dynamic",
+    repeats: int = 1,
+) -> list[dict]:
     """Tokens/s of `generate` at each batch size on the first user turns of real prompts.
 
     Every row is forced to `new_tokens` (min_new_tokens), so each batch size does the same work per
@@ -220,15 +259,23 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
     # prompts of median length, as in a middle chunk of the real run (which sorts by length): an
     # unsorted slice pads every row to its longest prompt and measures padding, or runs out of memory
     texts.sort(key=lambda t: len(tok(t, add_special_tokens=False).input_ids))
-    gen_kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, temperature=None,
-                  top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
+    gen_kw = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tok.pad_token_id,
+    )
     if cache == "static":
         gen_kw["cache_implementation"] = "static"
     cuda = str(target.device).startswith("cuda")
     # one untimed call first: CUDA context, kernels and allocator pools would otherwise be charged to
     # the first size (LOG.md, the reference run's batch-size sweep: batch 2,048, run first without it)
-    warm = tok(texts[len(texts) // 2: len(texts) // 2 + 8], return_tensors="pt", padding=True,
-               add_special_tokens=False).to(target.device)
+    warm = tok(
+        texts[len(texts) // 2 : len(texts) // 2 + 8], return_tensors="pt", padding=True, add_special_tokens=False
+    ).to(target.device)
     with torch.inference_mode():
         target.model.generate(**warm, **{**gen_kw, "max_new_tokens": 4, "min_new_tokens": 4})
     rows = []
@@ -244,15 +291,23 @@ def sweep_batch_sizes(target, prompts: list[list[dict]], batch_sizes: list[int],
             with torch.inference_mode():
                 out = target.model.generate(**enc, **gen_kw)  # [b, prompt + new_tokens]
             if out.shape[1] - enc.input_ids.shape[1] != new_tokens:
-                raise RuntimeError(f"batch {b}: generate made {out.shape[1] - enc.input_ids.shape[1]} "
-                                   f"tokens, not {new_tokens}")
+                raise RuntimeError(
+                    f"batch {b}: generate made {out.shape[1] - enc.input_ids.shape[1]} tokens, not {new_tokens}"
+                )
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         wall = statistics.median(times)
-        row = {"batch_size": b, "cache": cache, "new_tokens": new_tokens, "prompt_len_padded": enc.input_ids.shape[1],
-               "seconds": round(wall, 4), "output_tok_s": round(b * new_tokens / wall, 1),
-               "ms_per_step": round(1000 * wall / new_tokens, 2), "repeats": repeats}
+        row = {
+            "batch_size": b,
+            "cache": cache,
+            "new_tokens": new_tokens,
+            "prompt_len_padded": enc.input_ids.shape[1],
+            "seconds": round(wall, 4),
+            "output_tok_s": round(b * new_tokens / wall, 1),
+            "ms_per_step": round(1000 * wall / new_tokens, 2),
+            "repeats": repeats,
+        }
         if cuda:
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
             torch.cuda.reset_peak_memory_stats()

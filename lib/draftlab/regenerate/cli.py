@@ -28,6 +28,7 @@ from draftlab.sglang.server import TargetServers
 
 # ------------------------------------------------------------------ CLI
 
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     d = RegenConfig()
     g = p.add_argument_group("sampling and policies (recorded on every row)")
@@ -38,36 +39,55 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--system-policy", choices=SYSTEM_POLICIES, default=d.system_policy)
     g.add_argument("--system-prompt", default="", help="the system prompt for --system-policy set")
-    g.add_argument("--truncation", choices=TRUNCATION_POLICIES, default=d.truncation,
-                   help="what to do with answers cut at max-tokens (finish_reason=length)")
+    g.add_argument(
+        "--truncation",
+        choices=TRUNCATION_POLICIES,
+        default=d.truncation,
+        help="what to do with answers cut at max-tokens (finish_reason=length)",
+    )
     g.add_argument("--max-assistant-turns", type=int, default=0, help="0: all turns")
 
 
 def add_regenerate_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "regenerate", help="answer every prompt again with the target (resumable)",
+        "regenerate",
+        help="answer every prompt again with the target (resumable)",
         description="Regenerate conversations with the target: a local/remote OpenAI-compatible "
-                    "server (--base-url, or --serve to start transformers serve) or the static "
-                    "batch backend (--backend batch, the GPU path). Rerun the same command to "
-                    "resume after any crash.")
+        "server (--base-url, or --serve to start transformers serve) or the static "
+        "batch backend (--backend batch, the GPU path). Rerun the same command to "
+        "resume after any crash.",
+    )
     p.add_argument("input", help="canonical conversations, JSONL")
     p.add_argument("work", help="work folder (shards, errors, manifest); resume state lives here")
     p.add_argument("--output", default=None, help="final JSONL in input order (written at the end)")
     p.add_argument("--backend", choices=("server", "batch"), default="server")
     p.add_argument("--base-url", action="append", default=[], help="server base URL (repeatable)")
-    p.add_argument("--serve", default=None, metavar="TARGET",
-                   help="start `transformers serve` for this target spec or folder on loopback")
-    p.add_argument("--sglang-servers", type=int, default=0, metavar="K",
-                   help="with --serve: start K SGLang servers of TARGET on this GPU instead of transformers serve "
-                        "(one scheduler does not keep a small target's GPU busy; logs in --log-dir)")
+    p.add_argument(
+        "--serve",
+        default=None,
+        metavar="TARGET",
+        help="start `transformers serve` for this target spec or folder on loopback",
+    )
+    p.add_argument(
+        "--sglang-servers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --serve: start K SGLang servers of TARGET on this GPU instead of transformers serve "
+        "(one scheduler does not keep a small target's GPU busy; logs in --log-dir)",
+    )
     p.add_argument("--sglang-prefix", default=None, help="offline SGLang install (`draftlab sglang install`)")
     p.add_argument("--model", default=None, help="model field of requests (default: the served folder)")
     p.add_argument("--model-name", default="", help="name recorded on rows")
     p.add_argument("--concurrency", type=int, default=8, help="in-flight requests per server")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--max-retries", type=int, default=5)
-    p.add_argument("--max-outage", type=float, default=RegenConfig.max_outage,
-                   help="seconds with no server reachable before the run stops (resumable; default %(default)s)")
+    p.add_argument(
+        "--max-outage",
+        type=float,
+        default=RegenConfig.max_outage,
+        help="seconds with no server reachable before the run stops (resumable; default %(default)s)",
+    )
     p.add_argument("--limit", type=int, default=0, help="only the first N input rows")
     p.add_argument("--shard-rows", type=int, default=10000)
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, skip ids in errors.jsonl")
@@ -78,29 +98,48 @@ def add_regenerate_parser(subparsers) -> None:
     g.add_argument("--device", default="auto", help="auto | cpu | cuda (batch backend, --serve)")
     g.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--batch-size", type=int, default=1024)
-    g.add_argument("--batch-tokens", type=int, default=0,
-                   help="padded tokens (rows x (longest prompt + max tokens)) per generate call at most; 0: no limit")
-    g.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
-                   help="KV cache of generate; static lets transformers compile the step on CUDA")
+    g.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=0,
+        help="padded tokens (rows x (longest prompt + max tokens)) per generate call at most; 0: no limit",
+    )
+    g.add_argument(
+        "--cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="KV cache of generate; static lets transformers compile the step on CUDA",
+    )
     _add_sampling_args(p)
     p.set_defaults(func=_regenerate_cli)
 
 
 def config_from_args(args: argparse.Namespace, model: str) -> RegenConfig:
     return RegenConfig(
-        model=model, model_name=args.model_name, temperature=args.temperature, top_p=args.top_p,
-        max_tokens=args.max_tokens, stop=args.stop, seed=args.seed,
-        system_policy=args.system_policy, system_prompt=args.system_prompt,
-        truncation=args.truncation, max_assistant_turns=args.max_assistant_turns,
-        concurrency=args.concurrency, request_timeout=args.timeout, max_retries=args.max_retries,
-        max_outage=args.max_outage, shard_rows=args.shard_rows, retry_errors=not args.no_retry_errors)
+        model=model,
+        model_name=args.model_name,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        seed=args.seed,
+        system_policy=args.system_policy,
+        system_prompt=args.system_prompt,
+        truncation=args.truncation,
+        max_assistant_turns=args.max_assistant_turns,
+        concurrency=args.concurrency,
+        request_timeout=args.timeout,
+        max_retries=args.max_retries,
+        max_outage=args.max_outage,
+        shard_rows=args.shard_rows,
+        retry_errors=not args.no_retry_errors,
+    )
 
 
 def _check_args(args: argparse.Namespace) -> None:
     """The flag errors a run would otherwise meet late (or never, waiting): InputError at once."""
     if args.backend == "server" and not args.serve and (not args.base_url or not args.model):
-        missing = " and ".join(x for x, v in (("--base-url URL", args.base_url), ("--model NAME", args.model))
-                               if not v)
+        missing = " and ".join(x for x, v in (("--base-url URL", args.base_url), ("--model NAME", args.model)) if not v)
         raise InputError(f"regenerate: give {missing}, or --serve TARGET")
     for url in args.base_url:
         check_base_url(url)
@@ -121,10 +160,19 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
     work = Path(args.work)
     if args.backend == "batch":
         config = config_from_args(args, model=args.target)
-        summary = regenerate_batch(rows, work, config, target=args.target, device=args.device,
-                                   dtype=args.dtype, batch_size=args.batch_size,
-                                   input_path=args.input, progress=not args.no_progress,
-                                   cache=args.cache, batch_tokens=args.batch_tokens)
+        summary = regenerate_batch(
+            rows,
+            work,
+            config,
+            target=args.target,
+            device=args.device,
+            dtype=args.dtype,
+            batch_size=args.batch_size,
+            input_path=args.input,
+            progress=not args.no_progress,
+            cache=args.cache,
+            batch_tokens=args.batch_tokens,
+        )
     elif args.serve:
         try:
             folder = resolve_path(args.serve)
@@ -140,12 +188,12 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
             print(f"servers {urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
             config = config_from_args(args, model=args.model or servers.model)
             config.model_name = args.model_name or Path(folder).name
-            summary = regenerate(rows, work, [*urls, *args.base_url], config,
-                                 input_path=args.input, progress=not args.no_progress)
+            summary = regenerate(
+                rows, work, [*urls, *args.base_url], config, input_path=args.input, progress=not args.no_progress
+            )
     else:
         config = config_from_args(args, model=args.model)
-        summary = regenerate(rows, work, args.base_url, config, input_path=args.input,
-                             progress=not args.no_progress)
+        summary = regenerate(rows, work, args.base_url, config, input_path=args.input, progress=not args.no_progress)
     if args.output:
         summary["final"] = finalize(work, args.output, rows)
     print(json.dumps(summary, indent=1))
@@ -154,13 +202,16 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
 
 def add_bench_client_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "client", help="client overhead: draftlab regenerate vs bare openai-SDK gather",
+        "client",
+        help="client overhead: draftlab regenerate vs bare openai-SDK gather",
         description="Side by side against the same server at the same concurrency; prints "
-                    "tokens/s of each and their ratio (>= 1.0 means no client overhead).")
+        "tokens/s of each and their ratio (>= 1.0 means no client overhead).",
+    )
     p.add_argument("--base-url", default=None, help="an existing server")
     p.add_argument("--model", default=None, help="model field of requests")
-    p.add_argument("--serve", default=None, metavar="TARGET",
-                   help="start transformers serve for this target (default: embedded)")
+    p.add_argument(
+        "--serve", default=None, metavar="TARGET", help="start transformers serve for this target (default: embedded)"
+    )
     p.add_argument("--n", type=int, default=64, help="requests per round")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -171,8 +222,7 @@ def add_bench_client_parser(subparsers) -> None:
 
 
 def _bench_client_cli(args: argparse.Namespace) -> int:
-    kw = dict(n=args.n, concurrency=args.concurrency, max_tokens=args.max_tokens,
-              rounds=args.rounds)
+    kw = dict(n=args.n, concurrency=args.concurrency, max_tokens=args.max_tokens, rounds=args.rounds)
     if args.base_url:
         if not args.model:
             raise SystemExit("bench client: --base-url needs --model")
@@ -203,9 +253,11 @@ def main(argv: Iterable[str] | None = None) -> int:
 
 def add_bench_generate_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "generate", help="batch backend: output tokens/s of generate by batch size",
+        "generate",
+        help="batch backend: output tokens/s of generate by batch size",
         description="Decode throughput of the regeneration batch backend at several batch sizes on "
-                    "real prompts (each row forced to --new-tokens); prints one JSON line per size.")
+        "real prompts (each row forced to --new-tokens); prints one JSON line per size.",
+    )
     p.add_argument("prompts", help="canonical conversations (.jsonl), e.g. RUN/data/blend/train.jsonl")
     p.add_argument("--target", default="embedded")
     p.add_argument("--device", default="auto")
@@ -224,18 +276,27 @@ def _bench_generate_cli(args) -> int:
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     res = sweep_batch_sizes(target, [r["messages"] for r in rows], sizes, args.new_tokens, args.cache, args.repeats)
     if args.json:
-        Path(args.json).write_text(json.dumps({"target": target.name, "device": str(target.device),
-                                               "dtype": str(target.dtype), "rows": res}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"target": target.name, "device": str(target.device), "dtype": str(target.dtype), "rows": res}, indent=1
+            )
+        )
     return 0
 
+
 def add_monitor_parser(subparsers) -> None:
-    p = subparsers.add_parser("monitor", help="progress of a regeneration work folder",
-                              description=monitor.__doc__)
+    p = subparsers.add_parser("monitor", help="progress of a regeneration work folder", description=monitor.__doc__)
     p.add_argument("work", help="the work folder given to `draftlab regenerate`")
     p.add_argument("--window", type=float, default=5.0, help="minutes for the recent rates")
     p.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds (0: once)")
-    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
-                   help="draw throughput over time (default file: WORK/throughput.png)")
+    p.add_argument(
+        "--plot",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PNG",
+        help="draw throughput over time (default file: WORK/throughput.png)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_monitor_cli)
 

@@ -23,12 +23,19 @@ from draftlab.regenerate.outputs import RunStats
 
 # ------------------------------------------------------------------ servers and requests
 
+
 class RequestFailed(Exception):
     """One request's failure. `unreachable`: no connection could be made (refused, connect timeout,
     unknown host), so the server is not there; the outage clock bounds those, not the row's retries."""
 
-    def __init__(self, reason: str, retryable: bool, server_down: bool = False,
-                 retry_after: float | None = None, unreachable: bool = False):
+    def __init__(
+        self,
+        reason: str,
+        retryable: bool,
+        server_down: bool = False,
+        retry_after: float | None = None,
+        unreachable: bool = False,
+    ):
         super().__init__(reason)
         self.reason, self.retryable, self.server_down = reason, retryable, server_down
         self.retry_after, self.unreachable = retry_after, unreachable
@@ -51,9 +58,9 @@ class Endpoint:
         self.url = url.rstrip("/")
         self.capacity = capacity
         self.in_flight = 0
-        self.fails = 0              # consecutive connection-level failures
-        self.down_until = 0.0       # monotonic time; 0 = in service
-        self.probation = False      # back from a cooldown: one request at a time until one succeeds
+        self.fails = 0  # consecutive connection-level failures
+        self.down_until = 0.0  # monotonic time; 0 = in service
+        self.probation = False  # back from a cooldown: one request at a time until one succeeds
         self.outages = 0
         self.ok = 0
         self.failed = 0
@@ -93,8 +100,9 @@ class ServerPool:
                 except asyncio.TimeoutError:
                     pass
 
-    async def release(self, ep: Endpoint, ok: bool, server_down: bool = False,
-                      failure: RequestFailed | None = None) -> None:
+    async def release(
+        self, ep: Endpoint, ok: bool, server_down: bool = False, failure: RequestFailed | None = None
+    ) -> None:
         async with self.cond:
             ep.in_flight -= 1
             if failure is not None and failure.unreachable:
@@ -146,18 +154,15 @@ class ServerPool:
             try:
                 await http.get(f"{ep.url}/v1/models", timeout=httpx.Timeout(10.0, connect=5.0))
                 return
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol,
-                    httpx.InvalidURL) as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 reasons.append(f"{ep.url} ({_short(exc)})")
                 ep.unreachable_since, ep.last_error = time.monotonic(), _short(exc)
             except httpx.HTTPError:
                 return  # connected: slow or odd, but there
-        raise ServerUnreachable(f"no server answers at {', '.join(reasons)}; start it, or check "
-                                f"--base-url")
+        raise ServerUnreachable(f"no server answers at {', '.join(reasons)}; start it, or check --base-url")
 
     def stats(self) -> dict:
-        return {e.url: {"ok": e.ok, "failed": e.failed, "outages": e.outages}
-                for e in self.endpoints}
+        return {e.url: {"ok": e.ok, "failed": e.failed, "outages": e.outages} for e in self.endpoints}
 
 
 def _short(exc: BaseException) -> str:
@@ -182,12 +187,15 @@ def parse_completion(resp: httpx.Response) -> dict:
         finish = choice.get("finish_reason")
         usage = body.get("usage") or {}
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise RequestFailed(f"malformed response body ({type(exc).__name__}: {str(exc)[:120]})",
-                            retryable=True)
+        raise RequestFailed(f"malformed response body ({type(exc).__name__}: {str(exc)[:120]})", retryable=True)
     if not isinstance(text, str):
         raise RequestFailed("malformed response body (message.content is not a string)", True)
-    return {"text": text, "finish_reason": finish, "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens")}
+    return {
+        "text": text,
+        "finish_reason": finish,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
 
 
 def reason_kind(reason: str) -> str:
@@ -216,15 +224,17 @@ class ChatClient:
         tls = httpx.create_ssl_context()  # one for all pools: building one is ~60 ms each
 
         def client(n: int) -> httpx.AsyncClient:
-            return httpx.AsyncClient(timeout=timeout, verify=tls,
-                                     limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+            return httpx.AsyncClient(
+                timeout=timeout, verify=tls, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)
+            )
 
         self.http = client(4)  # the preflight's
         # per endpoint: [requests in flight, client]; a request takes the least loaded, so none of
         # the `capacity` requests the ServerPool lets through ever waits for a connection
-        self.shards = {id(e): [[0, client(POOL_CONNECTIONS)]
-                               for _ in range(math.ceil((e.capacity + 4) / POOL_CONNECTIONS))]
-                       for e in pool.endpoints}
+        self.shards = {
+            id(e): [[0, client(POOL_CONNECTIONS)] for _ in range(math.ceil((e.capacity + 4) / POOL_CONNECTIONS))]
+            for e in pool.endpoints
+        }
 
     async def aclose(self) -> None:
         for http in [self.http, *(c for shards in self.shards.values() for _, c in shards)]:
@@ -232,8 +242,13 @@ class ChatClient:
 
     def body(self, messages: list[dict]) -> dict:
         c = self.config
-        body = {"model": c.model, "messages": messages, "max_tokens": c.max_tokens,
-                "temperature": c.temperature, "top_p": c.top_p}
+        body = {
+            "model": c.model,
+            "messages": messages,
+            "max_tokens": c.max_tokens,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+        }
         if c.stop:
             body["stop"] = c.stop
         if c.seed is not None:
@@ -246,16 +261,13 @@ class ChatClient:
         try:
             resp = await shard[1].post(f"{ep.url}/v1/chat/completions", json=body)
         except httpx.ConnectError as exc:
-            raise RequestFailed(f"connection refused or failed ({exc})", True, server_down=True,
-                                unreachable=True)
+            raise RequestFailed(f"connection refused or failed ({exc})", True, server_down=True, unreachable=True)
         except httpx.ConnectTimeout:
             raise RequestFailed("connect timeout", True, server_down=True, unreachable=True)
         except httpx.TimeoutException as exc:
-            raise RequestFailed(f"timeout after {self.config.request_timeout:g} s "
-                                f"({type(exc).__name__})", True)
+            raise RequestFailed(f"timeout after {self.config.request_timeout:g} s ({type(exc).__name__})", True)
         except httpx.TransportError as exc:  # dropped connection, incomplete body, ...
-            raise RequestFailed(f"connection dropped ({type(exc).__name__}: {exc})", True,
-                                server_down=True)
+            raise RequestFailed(f"connection dropped ({type(exc).__name__}: {exc})", True, server_down=True)
         finally:
             shard[0] -= 1
         if resp.status_code != 200:
@@ -266,9 +278,11 @@ class ChatClient:
                 except ValueError:
                     pass
             return_text = resp.text[:200].replace("\n", " ")
-            raise RequestFailed(f"HTTP {resp.status_code}: {return_text}",
-                                retryable=resp.status_code in RETRY_STATUS or resp.status_code >= 500,
-                                retry_after=retry_after)
+            raise RequestFailed(
+                f"HTTP {resp.status_code}: {return_text}",
+                retryable=resp.status_code in RETRY_STATUS or resp.status_code >= 500,
+                retry_after=retry_after,
+            )
         return parse_completion(resp)
 
     async def complete(self, messages: list[dict]) -> tuple[dict, int]:
@@ -299,7 +313,7 @@ class ChatClient:
                     exc.reason = f"{exc.reason} [server {ep.url}, attempt {attempt + 1}]"
                     raise
                 self.stats.retries += 1
-                delay = min(c.backoff_max, c.backoff_base * 2 ** attempt) * random.uniform(0.5, 1.0)
+                delay = min(c.backoff_max, c.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
                 if exc.retry_after is not None:
                     delay = min(c.backoff_max, max(delay, exc.retry_after))
                 await asyncio.sleep(delay)

@@ -22,28 +22,28 @@ RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 class RegenConfig:
     """Everything that decides what a regenerated row contains and how hard we try to get it."""
 
-    model: str = ""                  # the `model` field of requests (transformers serve: the folder path)
-    model_name: str = ""             # recorded on rows (default: model)
+    model: str = ""  # the `model` field of requests (transformers serve: the folder path)
+    model_name: str = ""  # recorded on rows (default: model)
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = 512
     stop: list[str] | None = None
     seed: int | None = None
-    system_policy: str = "keep"      # keep: as in the data | drop: remove | set: replace by system_prompt
+    system_policy: str = "keep"  # keep: as in the data | drop: remove | set: replace by system_prompt
     system_prompt: str = ""
-    truncation: str = "drop"         # drop | keep_flag: what to do with finish_reason == "length"
-    max_assistant_turns: int = 0     # 0: every assistant turn; n: the conversation up to the n-th
-    concurrency: int = 8             # in-flight requests per server
-    request_timeout: float = 120.0   # seconds per request
-    max_retries: int = 5             # retries after the first attempt
-    backoff_base: float = 0.5        # seconds; doubles every retry (with jitter)
+    truncation: str = "drop"  # drop | keep_flag: what to do with finish_reason == "length"
+    max_assistant_turns: int = 0  # 0: every assistant turn; n: the conversation up to the n-th
+    concurrency: int = 8  # in-flight requests per server
+    request_timeout: float = 120.0  # seconds per request
+    max_retries: int = 5  # retries after the first attempt
+    backoff_base: float = 0.5  # seconds; doubles every retry (with jitter)
     backoff_max: float = 20.0
-    down_after: int = 3              # consecutive connection failures before a server is taken out
-    server_cooldown: float = 5.0     # seconds out before it is tried again (doubles, max 120 s)
-    max_outage: float = 300.0        # seconds with no server reachable before the run stops (resumable)
-    shard_rows: int = 10000          # rows per shard file
-    retry_errors: bool = True        # a rerun retries ids that are only in errors.jsonl
-    fsync: bool = False              # fsync every line (power-loss safety; kill -9 needs none)
+    down_after: int = 3  # consecutive connection failures before a server is taken out
+    server_cooldown: float = 5.0  # seconds out before it is tried again (doubles, max 120 s)
+    max_outage: float = 300.0  # seconds with no server reachable before the run stops (resumable)
+    shard_rows: int = 10000  # rows per shard file
+    retry_errors: bool = True  # a rerun retries ids that are only in errors.jsonl
+    fsync: bool = False  # fsync every line (power-loss safety; kill -9 needs none)
 
     def __post_init__(self):
         """Refuse values that would make a run hang or fail later (InputError is a ValueError)."""
@@ -54,18 +54,23 @@ class RegenConfig:
         if self.truncation not in TRUNCATION_POLICIES:
             raise InputError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
         if self.max_tokens < 1 or self.concurrency < 1:
-            raise InputError(f"max_tokens and concurrency must be >= 1, got {self.max_tokens} and "
-                             f"{self.concurrency}")
+            raise InputError(f"max_tokens and concurrency must be >= 1, got {self.max_tokens} and {self.concurrency}")
         if not self.request_timeout > 0 or self.max_retries < 0 or self.max_outage < 0:
-            raise InputError(f"request_timeout must be > 0 and max_retries, max_outage >= 0, got "
-                             f"{self.request_timeout}, {self.max_retries}, {self.max_outage}")
+            raise InputError(
+                f"request_timeout must be > 0 and max_retries, max_outage >= 0, got "
+                f"{self.request_timeout}, {self.max_retries}, {self.max_outage}"
+            )
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.model_name = self.model_name or self.model
 
     def sampling(self) -> dict:
-        out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
-               "stop": self.stop or None}
+        out = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop or None,
+        }
         if self.seed is not None:
             out["seed"] = self.seed
         return out
@@ -77,6 +82,7 @@ class RegenConfig:
 
 
 # ------------------------------------------------------------------ input
+
 
 def load_conversations(path: str | os.PathLike, limit: int = 0) -> list[dict]:
     """Read canonical conversations; a bad row is an error naming the file, line and field."""

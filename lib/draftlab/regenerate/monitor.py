@@ -32,8 +32,7 @@ def check_work_folder(work: Path) -> None:
         raise NotAWorkFolder(f"{work}: is a file; give a regeneration work folder, e.g. {EXAMPLE}")
     if (work / "manifest.json").exists():
         return
-    below = sorted(str(p.parent) for pattern in ("*/manifest.json", "*/*/manifest.json")
-                   for p in work.glob(pattern))
+    below = sorted(str(p.parent) for pattern in ("*/manifest.json", "*/*/manifest.json") for p in work.glob(pattern))
     hint = f"the work folders under it: {', '.join(below[:4])}" if below else f"give one, e.g. {EXAMPLE}"
     raise NotAWorkFolder(f"{work}: not a regeneration work folder (no manifest.json); {hint}")
 
@@ -44,13 +43,18 @@ def _events(work: Path) -> dict:
     for path in shard_paths(work):
         for row in _read_lenient(path):
             regen = (row.get("meta") or {}).get("regen") or {}
-            done[row.get("id")] = (regen.get("t_done", 0.0),
-                                   sum(x or 0 for x in regen.get("completion_tokens", [])),
-                                   bool(regen.get("truncated")))
+            done[row.get("id")] = (
+                regen.get("t_done", 0.0),
+                sum(x or 0 for x in regen.get("completion_tokens", [])),
+                bool(regen.get("truncated")),
+            )
     if (work / "dropped.jsonl").exists():
         for rec in _read_lenient(work / "dropped.jsonl"):
-            dropped[rec.get("id")] = (rec.get("t_done", 0.0),
-                                      sum(x or 0 for x in rec.get("completion_tokens", [])), True)
+            dropped[rec.get("id")] = (
+                rec.get("t_done", 0.0),
+                sum(x or 0 for x in rec.get("completion_tokens", [])),
+                True,
+            )
     if (work / "errors.jsonl").exists():
         for rec in _read_lenient(work / "errors.jsonl"):
             errors[rec.get("id")] = rec
@@ -109,8 +113,10 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
         "truncation_rate": (len(ev["dropped"]) + kept_truncated) / max(len(finished), 1),
         "completion_tokens": sum(v[1] for v in finished.values()),
         # the whole current run: from its start to its last finished row (or now if running)
-        "tok_s_run": (sum(v[1] for v in finished.values() if v[0] >= last_start)
-                      / max((max(times) if times else now) - last_start, 1e-9)),
+        "tok_s_run": (
+            sum(v[1] for v in finished.values() if v[0] >= last_start)
+            / max((max(times) if times else now) - last_start, 1e-9)
+        ),
         "first_done": min(times) if times else None,
         "last_done": max(times) if times else None,
         "runs": len(manifest.get("runs", [])),
@@ -126,8 +132,12 @@ def _writer_status(work: Path, pid, now: float) -> dict:
     if not status or status.get("pid") != pid:
         return {"state": None, "stalled_s": None, "status_message": None}
     stalled = now - status["since"] if status.get("state") == "stalled" and status.get("since") else None
-    return {"state": status.get("state"), "stalled_s": stalled, "status_message": status.get("message"),
-            "max_outage": status.get("max_outage")}
+    return {
+        "state": status.get("state"),
+        "stalled_s": stalled,
+        "status_message": status.get("message"),
+        "max_outage": status.get("max_outage"),
+    }
 
 
 def _top_reasons(errors: dict, n: int = 3) -> list[tuple[str, int]]:
@@ -150,8 +160,7 @@ def format_summary(s: dict) -> str:
         f"{s['work']}  ({s['backend']} backend, run {s['runs']}, writer {alive})",
         f"rows      {s['finished']}/{s['total']} done ({pct:.1f}%), {s['left']} left"
         f"  [kept {s['kept']}, dropped as truncated {s['dropped_truncated']}]",
-        f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last "
-        f"{s['window_s'] / 60:.1f} min",
+        f"speed     {s['tok_s']:.1f} tok/s, {s['rows_s'] * 60:.1f} rows/min over the last {s['window_s'] / 60:.1f} min",
         f"          {s['tok_s_run']:.1f} tok/s over the current run (start to last row)",
         _eta_line(s),
         f"errors    {s['errors_open']} open ({100 * s['error_rate']:.2f}%)"
@@ -224,19 +233,23 @@ def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None
     ax2.plot(mins, [0] + cum if tok_s else [], color="tab:orange", marker=".", label="rows finished")
     ax2.set_ylabel("rows finished", color="tab:orange")
     ax2.set_ylim(bottom=0)
-    ax.set_title(f"regeneration throughput: {Path(work).name}\n(tokens of the rows finished in each interval, "
-                 "over its length)", fontsize=10)
+    ax.set_title(
+        f"regeneration throughput: {Path(work).name}\n(tokens of the rows finished in each interval, over its length)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
+
 # ------------------------------------------------------------------ notebook 03 report figures
+
 
 def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
     """Token counts of assistant answers before (the dataset's, by `tokenizer`) and after
     regeneration (the server's `completion_tokens`)."""
+
     def count(rows):
-        texts = [m["content"] for r in rows for m in r["messages"]
-                 if m["role"] == "assistant" and m["content"]]
+        texts = [m["content"] for r in rows for m in r["messages"] if m["role"] == "assistant" and m["content"]]
         if not texts:
             return []
         return [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
@@ -251,8 +264,10 @@ def answer_lengths(source_rows: dict, regen_rows: dict, tokenizer) -> dict:
                 out += count([r])
         return out
 
-    return {"before": count([r for rows in source_rows.values() for r in rows]),
-            "after": served([r for rows in regen_rows.values() for r in rows])}
+    return {
+        "before": count([r for rows in source_rows.values() for r in rows]),
+        "after": served([r for rows in regen_rows.values() for r in rows]),
+    }
 
 
 def finish_counts(work: str | os.PathLike) -> dict:
@@ -288,16 +303,18 @@ def plot_finish_and_lengths(finish: dict, lengths: dict, max_tokens: int | None 
     bins = list(range(0, top + max(top // 30, 1) + 1, max(top // 30, 1)))
     for key, color in (("before", "tab:gray"), ("after", "tab:blue")):
         if lengths[key]:
-            ax2.hist(lengths[key], bins=bins, alpha=0.55, color=color,
-                     label=f"{key} (n={len(lengths[key])})")
+            ax2.hist(lengths[key], bins=bins, alpha=0.55, color=color, label=f"{key} (n={len(lengths[key])})")
     if not lengths["before"]:  # a prompt-only blend (the offline docstring one): nothing to compare with
         ax2.plot([], [], " ", label="before: none (the blend's rows\nare prompts without answers)")
     if max_tokens:
         ax2.axvline(max_tokens, color="tab:red", ls="--", lw=1, label=f"max_tokens {max_tokens}")
     ax2.set_xlabel("answer length (target tokens)")
     ax2.set_ylabel("answers")
-    ax2.set_title("answer lengths before / after regeneration" if lengths["before"]
-                  else "answer lengths after regeneration (no answers before)")
+    ax2.set_title(
+        "answer lengths before / after regeneration"
+        if lengths["before"]
+        else "answer lengths after regeneration (no answers before)"
+    )
     ax2.legend(fontsize=8)
     fig.tight_layout()
     return fig

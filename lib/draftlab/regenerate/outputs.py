@@ -23,6 +23,7 @@ from draftlab.regenerate.config import RegenConfig
 
 # ------------------------------------------------------------------ output files
 
+
 class JsonlAppender:
     """One whole line per `write()` on an O_APPEND descriptor: a crash can only tear the last line."""
 
@@ -35,7 +36,7 @@ class JsonlAppender:
     def write(self, row: dict) -> None:
         view = memoryview(jsonl_line(row))
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
         if self.fsync:
             os.fsync(self.fd)
         self.rows += 1
@@ -67,9 +68,9 @@ def repair_jsonl(path: Path) -> list[dict]:
 class WorkState:
     """What a work folder already holds."""
 
-    done: dict = field(default_factory=dict)      # id -> shard row
-    dropped: dict = field(default_factory=dict)   # id -> dropped record
-    errors: dict = field(default_factory=dict)    # id -> last error record
+    done: dict = field(default_factory=dict)  # id -> shard row
+    dropped: dict = field(default_factory=dict)  # id -> dropped record
+    errors: dict = field(default_factory=dict)  # id -> last error record
     duplicates: int = 0
 
     @property
@@ -123,8 +124,7 @@ class Outputs:
         if self.shard is None or self.shard.rows >= self.config.shard_rows:
             if self.shard is not None:
                 self.shard.close()
-            self.shard = JsonlAppender(self.work / "shards" / f"part-{self.next_index:05d}.jsonl",
-                                       self.config.fsync)
+            self.shard = JsonlAppender(self.work / "shards" / f"part-{self.next_index:05d}.jsonl", self.config.fsync)
             self.next_index += 1
         self.shard.write(row)
         self.written.add(row["id"])
@@ -144,8 +144,17 @@ class Outputs:
 
 
 # What a row's content depends on: a resume with other values would mix two datasets.
-IDENTITY_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "system_policy",
-                   "system_prompt", "truncation", "max_assistant_turns")
+IDENTITY_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "system_policy",
+    "system_prompt",
+    "truncation",
+    "max_assistant_turns",
+)
 
 
 class WorkLock:
@@ -167,8 +176,10 @@ class WorkLock:
         except BlockingIOError:
             other = os.pread(self.fd, 32, 0).decode(errors="replace").strip()
             os.close(self.fd)
-            raise RunFailure(f"{work}: another process (pid {other or '?'}) is regenerating "
-                               f"into this folder; wait for it or stop it first") from None
+            raise RunFailure(
+                f"{work}: another process (pid {other or '?'}) is regenerating "
+                f"into this folder; wait for it or stop it first"
+            ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
@@ -190,39 +201,42 @@ def read_manifest(work: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable manifest ({exc}); move the folder aside or "
-                         f"use a new work folder") from exc
+        raise InputError(
+            f"{path}: not a readable manifest ({exc}); move the folder aside or use a new work folder"
+        ) from exc
     if not isinstance(manifest, dict) or not isinstance(manifest.get("runs", []), list):
         raise InputError(f"{path}: not a regeneration manifest (no 'runs' list)")
     manifest.setdefault("runs", [])
     return manifest
 
 
-def write_manifest(work: Path, input_path: str, total: int, config: RegenConfig, backend: str,
-                   servers: list[str]) -> None:
+def write_manifest(
+    work: Path, input_path: str, total: int, config: RegenConfig, backend: str, servers: list[str]
+) -> None:
     """manifest.json: the monitor reads `total` and the runs' start times from it.
 
     Refuses to resume a folder whose rows were made with other sampling or policies."""
     path = work / "manifest.json"
     manifest = read_manifest(work) if path.exists() else {"runs": []}
     old = manifest.get("config") or {}
-    changed = {k: (old[k], getattr(config, k)) for k in IDENTITY_FIELDS
-               if k in old and old[k] != getattr(config, k)}
+    changed = {k: (old[k], getattr(config, k)) for k in IDENTITY_FIELDS if k in old and old[k] != getattr(config, k)}
     if changed and (shard_paths(work) or (work / "dropped.jsonl").exists()):
         detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-        raise InputError(f"{work}: holds rows made with other parameters ({detail}); "
-                         f"resume with the same ones or use a new work folder")
+        raise InputError(
+            f"{work}: holds rows made with other parameters ({detail}); "
+            f"resume with the same ones or use a new work folder"
+        )
     manifest.update(input=str(input_path), total=total, config=asdict(config))
-    manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers,
-                             "pid": os.getpid()})
+    manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers, "pid": os.getpid()})
     atomic_write_json(path, manifest, indent=1)
 
 
 def write_status(work: Path, state: str, **fields) -> None:
     """WORK/status.json: the writer's own word on where it stands (running, stalled while no server
     answers, stopped, done), so `draftlab monitor` can say "stalled" rather than show an ETA."""
-    atomic_write_json(Path(work) / "status.json",
-                      {"state": state, "pid": os.getpid(), "t": time.time(), **fields}, indent=1)
+    atomic_write_json(
+        Path(work) / "status.json", {"state": state, "pid": os.getpid(), "t": time.time(), **fields}, indent=1
+    )
 
 
 def read_status(work: Path) -> dict | None:
@@ -241,15 +255,20 @@ def finalize(work: str | os.PathLike, output: str | os.PathLike, rows: list[dict
     kept = write_jsonl(output, (state.done[row["id"]] for row in rows if row["id"] in state.done))
     ids = {r["id"] for r in rows}
     errors = {i for i in state.errors if i in ids and i not in state.finished}
-    return {"rows_in": len(rows), "rows_kept": kept,
-            "rows_dropped_truncated": len(ids & set(state.dropped)),
-            "rows_error": len(errors),
-            "rows_missing": len(ids - state.finished - errors),
-            "duplicates_seen": state.duplicates, "output": str(output)}
+    return {
+        "rows_in": len(rows),
+        "rows_kept": kept,
+        "rows_dropped_truncated": len(ids & set(state.dropped)),
+        "rows_error": len(errors),
+        "rows_missing": len(ids - state.finished - errors),
+        "duplicates_seen": state.duplicates,
+        "output": str(output),
+    }
 
 
-def build_row(row: dict, plan: list[dict], turns: list[dict], config: RegenConfig, backend: str,
-              attempts: int, t0: float) -> dict:
+def build_row(
+    row: dict, plan: list[dict], turns: list[dict], config: RegenConfig, backend: str, attempts: int, t0: float
+) -> dict:
     """The regenerated conversation with what produced it under meta.regen."""
     truncated = [i for i, t in enumerate(turns) if t["finish_reason"] == "length"]
     regen = {
@@ -278,11 +297,17 @@ def outcome(out: Outputs, stats: "RunStats", regen_row: dict) -> str:
     regen = regen_row["meta"]["regen"]
     stats.add_tokens(regen)
     if regen["truncated"] and out.config.truncation == "drop":
-        out.write_dropped({"id": regen_row["id"], "reason": "length",
-                           "turns": regen["truncated_turns"],
-                           "finish_reasons": regen["finish_reasons"],
-                           "completion_tokens": regen["completion_tokens"],
-                           "prompt_tokens": regen["prompt_tokens"], "t_done": regen["t_done"]})
+        out.write_dropped(
+            {
+                "id": regen_row["id"],
+                "reason": "length",
+                "turns": regen["truncated_turns"],
+                "finish_reasons": regen["finish_reasons"],
+                "completion_tokens": regen["completion_tokens"],
+                "prompt_tokens": regen["prompt_tokens"],
+                "t_done": regen["t_done"],
+            }
+        )
         stats.dropped += 1
         return "dropped"
     if regen["truncated"]:
@@ -295,7 +320,7 @@ def outcome(out: Outputs, stats: "RunStats", regen_row: dict) -> str:
 @dataclass
 class RunStats:
     total: int = 0
-    skipped: int = 0           # finished by an earlier run
+    skipped: int = 0  # finished by an earlier run
     done: int = 0
     dropped: int = 0
     kept_flagged: int = 0
@@ -315,15 +340,22 @@ class RunStats:
 
     def summary(self) -> dict:
         wall = time.monotonic() - self.t_start
-        return {"rows_total": self.total, "rows_skipped_resume": self.skipped,
-                "rows_done": self.done, "rows_dropped_truncated": self.dropped,
-                "rows_kept_truncated": self.kept_flagged, "rows_error": self.errors,
-                "requests": self.requests, "retries": self.retries,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "finish_reasons": dict(self.finish_reasons),
-                "error_reasons": dict(self.error_reasons),
-                "wall_s": round(wall, 2),
-                "tok_s": round(self.completion_tokens / wall, 2) if wall > 0 else 0.0}
+        return {
+            "rows_total": self.total,
+            "rows_skipped_resume": self.skipped,
+            "rows_done": self.done,
+            "rows_dropped_truncated": self.dropped,
+            "rows_kept_truncated": self.kept_flagged,
+            "rows_error": self.errors,
+            "requests": self.requests,
+            "retries": self.retries,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reasons": dict(self.finish_reasons),
+            "error_reasons": dict(self.error_reasons),
+            "wall_s": round(wall, 2),
+            "tok_s": round(self.completion_tokens / wall, 2) if wall > 0 else 0.0,
+        }
 
 
 class Progress:
@@ -332,8 +364,9 @@ class Progress:
     def __init__(self, stats: RunStats, enabled: bool, desc: str = "regenerate"):
         self.stats, self.bar, self.last = stats, None, 0.0
         if enabled:
-            self.bar = tqdm(total=stats.total, initial=stats.skipped, unit="row", desc=desc,
-                            dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(
+                total=stats.total, initial=stats.skipped, unit="row", desc=desc, dynamic_ncols=True, smoothing=0.1
+            )
 
     def note(self, text: str, every: float = 10.0) -> None:
         """Say something about the run (a server lost, back again): the bar's postfix, or without a
@@ -357,8 +390,9 @@ class Progress:
             self.last = now
             s = self.stats
             wall = max(now - s.t_start, 1e-6)
-            self.bar.set_postfix(tok_s=f"{s.completion_tokens / wall:.1f}", err=s.errors,
-                                 trunc=s.dropped + s.kept_flagged, refresh=False)
+            self.bar.set_postfix(
+                tok_s=f"{s.completion_tokens / wall:.1f}", err=s.errors, trunc=s.dropped + s.kept_flagged, refresh=False
+            )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -57,14 +57,22 @@ async def regenerate_row(client: ChatClient, row: dict) -> dict:
     return build_row(row, plan, turns, client.config, "server", attempts, t0)
 
 
-async def regenerate_async(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
-                           config: RegenConfig, *, input_path: str = "", progress: bool = True,
-                           desc: str = "regenerate") -> dict:
+async def regenerate_async(
+    rows: list[dict],
+    work: str | os.PathLike,
+    base_urls: list[str],
+    config: RegenConfig,
+    *,
+    input_path: str = "",
+    progress: bool = True,
+    desc: str = "regenerate",
+) -> dict:
     """Regenerate the rows not yet finished in `work`; returns the run's summary."""
     work = Path(work)
     with WorkLock(work):
-        return await _regenerate_locked(rows, work, base_urls, config, input_path=input_path,
-                                        progress=progress, desc=desc)
+        return await _regenerate_locked(
+            rows, work, base_urls, config, input_path=input_path, progress=progress, desc=desc
+        )
 
 
 async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: float = 1.0) -> None:
@@ -79,12 +87,19 @@ async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: floa
             bar.note(message)
             if was is None or now - wrote >= 5.0:
                 wrote = now
-                write_status(work, "stalled", since=time.time() - outage, message=message,
-                             max_outage=pool.config.max_outage,
-                             servers={e.url: e.last_error for e in pool.endpoints})
+                write_status(
+                    work,
+                    "stalled",
+                    since=time.time() - outage,
+                    message=message,
+                    max_outage=pool.config.max_outage,
+                    servers={e.url: e.last_error for e in pool.endpoints},
+                )
             if outage >= pool.config.max_outage:
-                raise ServerUnreachable(f"no server answered for {outage:.0f} s "
-                                        f"({'; '.join(f'{e.url}: {e.last_error}' for e in pool.endpoints)})")
+                raise ServerUnreachable(
+                    f"no server answered for {outage:.0f} s "
+                    f"({'; '.join(f'{e.url}: {e.last_error}' for e in pool.endpoints)})"
+                )
         elif was is not None:
             bar.note(f"server back after {was:.0f} s")
             write_status(work, "running")
@@ -99,8 +114,7 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
     if len(set(ids)) != len(ids):
         raise RecordError(f"{input_path or 'input'}: duplicate ids; ids must be unique")
     finished = state.finished
-    todo = [r for r in rows if r["id"] not in finished
-            and (config.retry_errors or r["id"] not in state.errors)]
+    todo = [r for r in rows if r["id"] not in finished and (config.retry_errors or r["id"] not in state.errors)]
     stats = RunStats(total=len(rows), skipped=len(rows) - len(todo))
     write_manifest(work, input_path, len(rows), config, "server", list(base_urls))
     out = Outputs(work, config)
@@ -150,8 +164,9 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
                 raise task.exception()
     except ServerUnreachable as exc:
         done = len(finished) + stats.done + stats.dropped
-        message = (f"{exc}; stopped with {done}/{len(rows)} rows finished and kept in {work}: "
-                   f"rerun the same command to resume")
+        message = (
+            f"{exc}; stopped with {done}/{len(rows)} rows finished and kept in {work}: rerun the same command to resume"
+        )
         write_status(work, "stopped", message=message)
         raise ServerUnreachable(message) from None
     finally:
@@ -191,19 +206,31 @@ def run_sync(coro):
     return box["value"]
 
 
-def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str],
-               config: RegenConfig, **kwargs) -> dict:
+def regenerate(rows: list[dict], work: str | os.PathLike, base_urls: list[str], config: RegenConfig, **kwargs) -> dict:
     """Blocking wrapper of `regenerate_async` (works in scripts and notebooks)."""
     return run_sync(regenerate_async(rows, work, base_urls, config, **kwargs))
 
 
 # ------------------------------------------------------------------ the stage (notebook 03)
 
-def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-                      config: RegenConfig, *, backend: str = "server", base_urls=(),
-                      target: str = "tiny", device: str = "cpu", dtype=None,
-                      batch_size: int = 1024, batch_tokens: int = 0, limits: dict[str, int] | None = None,
-                      progress: bool = True, sglang_servers: int = 0, sglang_prefix: str | None = None) -> dict:
+
+def regenerate_splits(
+    inputs: dict[str, str | os.PathLike],
+    out_dir: str | os.PathLike,
+    config: RegenConfig,
+    *,
+    backend: str = "server",
+    base_urls=(),
+    target: str = "tiny",
+    device: str = "cpu",
+    dtype=None,
+    batch_size: int = 1024,
+    batch_tokens: int = 0,
+    limits: dict[str, int] | None = None,
+    progress: bool = True,
+    sglang_servers: int = 0,
+    sglang_prefix: str | None = None,
+) -> dict:
     """Regenerate each split (e.g. train, val) into OUT/<split>.jsonl, resumably.
 
     backend "server": the given base URLs; else `sglang_servers` SGLang servers of `target` on this
@@ -225,8 +252,9 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
             config.model = config.model or target
         elif not urls:
             if sglang_servers > 0:
-                servers = TargetServers(str(resolve_path(target)), sglang_servers, out_dir,
-                                        prefix=sglang_prefix or None)
+                servers = TargetServers(
+                    str(resolve_path(target)), sglang_servers, out_dir, prefix=sglang_prefix or None
+                )
             else:  # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
                 threads = 1 if target == "tiny" and device == "cpu" else None
                 servers = LocalServer(resolve_path(target), out_dir / "serve.log", device=device, threads=threads)
@@ -239,12 +267,27 @@ def regenerate_splits(inputs: dict[str, str | os.PathLike], out_dir: str | os.Pa
         for split, split_rows in rows.items():
             work = out_dir / "work" / split
             if backend == "batch":
-                summary = regenerate_batch(split_rows, work, config, target=tgt, batch_size=batch_size,
-                                           batch_tokens=batch_tokens, input_path=str(inputs[split]),
-                                           progress=progress, desc=f"regenerate[batch] {split}")
+                summary = regenerate_batch(
+                    split_rows,
+                    work,
+                    config,
+                    target=tgt,
+                    batch_size=batch_size,
+                    batch_tokens=batch_tokens,
+                    input_path=str(inputs[split]),
+                    progress=progress,
+                    desc=f"regenerate[batch] {split}",
+                )
             else:
-                summary = regenerate(split_rows, work, urls, config, input_path=str(inputs[split]),
-                                     progress=progress, desc=f"regenerate {split}")
+                summary = regenerate(
+                    split_rows,
+                    work,
+                    urls,
+                    config,
+                    input_path=str(inputs[split]),
+                    progress=progress,
+                    desc=f"regenerate {split}",
+                )
             summary["final"] = finalize(work, out_dir / f"{split}.jsonl", split_rows)
             summary["work"] = str(work)
             report["splits"][split] = summary

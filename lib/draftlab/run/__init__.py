@@ -1,2 +1,1 @@
 """Running notebooks: the notebook-side helpers (run.notebook) and the headless runner (`draftlab run`)."""
-

@@ -52,9 +52,28 @@ def bench_generate(call: Call, name: str, cache: str, sizes: str, env: dict | No
     call.say(f"bench: {name}, {cache} cache, batch sizes {sizes} x {new} new tokens")
     out = call.run / "bench" / f"{name}.json"
     tmp = out.with_name(out.name + ".tmp")
-    rc = bounded([call.python, "-m", "draftlab.cli", "bench", "generate", str(blend), "--device", "cuda", "--cache",
-                  cache, "--batch-sizes", sizes, "--new-tokens", new, "--json", str(tmp)],
-                 float(_knob("SWEEP_TIMEOUT", "150")), env={**os.environ, **(env or {})})
+    rc = bounded(
+        [
+            call.python,
+            "-m",
+            "draftlab.cli",
+            "bench",
+            "generate",
+            str(blend),
+            "--device",
+            "cuda",
+            "--cache",
+            cache,
+            "--batch-sizes",
+            sizes,
+            "--new-tokens",
+            new,
+            "--json",
+            str(tmp),
+        ],
+        float(_knob("SWEEP_TIMEOUT", "150")),
+        env={**os.environ, **(env or {})},
+    )
     if rc == 0:
         tmp.replace(out)
     call.say(f"bench: {name} exit {rc}")
@@ -92,12 +111,49 @@ def bench_train_offline(call: Call) -> int:
     (call.run / "bench").mkdir(parents=True, exist_ok=True)
     samples, steps = _knob("OFFLINE_SAMPLES", "2000"), _knob("OFFLINE_STEPS", "40")
     call.say(f"bench: offline hidden states, {samples} conversations, {steps} steps")
-    rc = bounded([call.python, "-m", "draftlab.cli", "train", "--train-file", str(regen),
-                  "--out-dir", str(d / "eagle3"),
-                  "--target", "embedded", "--device", "cuda", "--hidden", "offline", "--max-train-samples", samples,
-                  "--draft-vocab-size", "16000", "--ttt-steps", "7", "--max-len", "2048", "--epochs", "1",
-                  "--batch-tokens", "16384", "--max-batch", "64", "--lr", "5e-4", "--eval-every", "100000",
-                  "--save-every", "100000", "--log-every", "10", "--stop-after", steps], 140)
+    rc = bounded(
+        [
+            call.python,
+            "-m",
+            "draftlab.cli",
+            "train",
+            "--train-file",
+            str(regen),
+            "--out-dir",
+            str(d / "eagle3"),
+            "--target",
+            "embedded",
+            "--device",
+            "cuda",
+            "--hidden",
+            "offline",
+            "--max-train-samples",
+            samples,
+            "--draft-vocab-size",
+            "16000",
+            "--ttt-steps",
+            "7",
+            "--max-len",
+            "2048",
+            "--epochs",
+            "1",
+            "--batch-tokens",
+            "16384",
+            "--max-batch",
+            "64",
+            "--lr",
+            "5e-4",
+            "--eval-every",
+            "100000",
+            "--save-every",
+            "100000",
+            "--log-every",
+            "10",
+            "--stop-after",
+            steps,
+        ],
+        140,
+    )
     if rc == 0:
         offline_summary(d, call.run / "bench/train_offline.json")
     call.say(f"bench: offline exit {rc}")
@@ -127,9 +183,21 @@ def bench_train_shapes(call: Call) -> int:
         pad, attention = variant.split(":")[0], variant.split(":")[-1]
         log = b / f"pad{pad}_{attention}.log"
         with open(log, "wb") as f:
-            bounded([call.python, "benchmarks/bench_train_shapes.py", str(b), pad, _knob("SHAPE_STEPS", "50"),
-                     str(b / f"pad{pad}_{attention}.json"), "--attention", attention], 150,
-                    stdout=f, stderr=subprocess.STDOUT)
+            bounded(
+                [
+                    call.python,
+                    "benchmarks/bench_train_shapes.py",
+                    str(b),
+                    pad,
+                    _knob("SHAPE_STEPS", "50"),
+                    str(b / f"pad{pad}_{attention}.json"),
+                    "--attention",
+                    attention,
+                ],
+                150,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
         for line in log.read_text(errors="replace").splitlines():
             if not any(w in line for w in PROGRESS_WORDS):
                 print(line, flush=True)
@@ -144,8 +212,13 @@ def benches_before(call: Call) -> None:
     bench_train_shapes(call)
 
 
-BENCHES = {"sweep": bench_generate_sweep, "attention": bench_generate_attention, "static": bench_generate_static,
-           "offline": bench_train_offline, "shapes": bench_train_shapes}
+BENCHES = {
+    "sweep": bench_generate_sweep,
+    "attention": bench_generate_attention,
+    "static": bench_generate_static,
+    "offline": bench_train_offline,
+    "shapes": bench_train_shapes,
+}
 
 
 TRACE_ARCHS = ("eagle3", "eagle1")  # side by side, as notebook 04 trains them
@@ -176,9 +249,13 @@ def trace_setup(call: Call, limit: float = 400, top_every: float = 30.0, setup=g
 
     def trace(arch: str) -> None:
         with open(call.out / f"setup_{arch}.log", "wb") as log:
-            rcs[arch] = until([call.python, "benchmarks/trace_train_setup.py", call.run, arch,
-                               call.out / f"setup_{arch}.txt"], end, stdout=log, stderr=subprocess.STDOUT,
-                              cwd=call.repo)
+            rcs[arch] = until(
+                [call.python, "benchmarks/trace_train_setup.py", call.run, arch, call.out / f"setup_{arch}.txt"],
+                end,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=call.repo,
+            )
 
     traces = [threading.Thread(target=trace, args=(arch,)) for arch in TRACE_ARCHS]
     for t in traces:

@@ -75,14 +75,21 @@ class Call:
             else:
                 deadline = t0 + int(budget_s if budget_s is not None else env.get("BUDGET_S", DEFAULT_BUDGET_S))
         command = env.get("STAGE_COMMAND")
-        return cls(out=Path(env.get("OUT", "/tmp/out")), dl=Path(env.get("DL", "/tmp/dl")),
-                   site=Path(env.get("SITE", "/tmp/site")), scratch=Path(env.get("SCRATCH", "/tmp/scratch")),
-                   t0=t0, deadline=int(deadline), profile=env.get("PROFILE", "full"),
-                   stages=(stages if stages is not None else env.get("STAGES", DEFAULT_STAGES)).split(),
-                   overrides={**stage_overrides(env), **(overrides or {})},
-                   run_id=env.get("RUN_ID") or RUN_ID, results_dir=Path(env["RESULTS"]) if env.get("RESULTS") else None,
-                   prefix=Path(env["PREFIX"]) if env.get("PREFIX") else None,
-                   **({"stage_command": command.split()} if command else {}))
+        return cls(
+            out=Path(env.get("OUT", "/tmp/out")),
+            dl=Path(env.get("DL", "/tmp/dl")),
+            site=Path(env.get("SITE", "/tmp/site")),
+            scratch=Path(env.get("SCRATCH", "/tmp/scratch")),
+            t0=t0,
+            deadline=int(deadline),
+            profile=env.get("PROFILE", "full"),
+            stages=(stages if stages is not None else env.get("STAGES", DEFAULT_STAGES)).split(),
+            overrides={**stage_overrides(env), **(overrides or {})},
+            run_id=env.get("RUN_ID") or RUN_ID,
+            results_dir=Path(env["RESULTS"]) if env.get("RESULTS") else None,
+            prefix=Path(env["PREFIX"]) if env.get("PREFIX") else None,
+            **({"stage_command": command.split()} if command else {}),
+        )
 
     @property
     def results(self) -> Path:
@@ -117,11 +124,18 @@ class Call:
         """What every command of the call runs with (common.sh exports the same)."""
         path = os.environ.get("PYTHONPATH", "")
         head = f"{self.repo / 'lib'}:{self.site}"
-        return {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "DRAFTLAB_CACHE": str(self.dl / "cache"), "DRAFTLAB_EMBEDDED_GGUF": str(self.dl / "model.gguf"),
-                "PYTHONPATH": path if path.startswith(head) else f"{head}{':' + path if path else ''}",
-                "GPU_CALL_T0": str(self.t0), "GPU_CALL_DEADLINE": str(self.deadline)}
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "DRAFTLAB_CACHE": str(self.dl / "cache"),
+            "DRAFTLAB_EMBEDDED_GGUF": str(self.dl / "model.gguf"),
+            "PYTHONPATH": path if path.startswith(head) else f"{head}{':' + path if path else ''}",
+            "GPU_CALL_T0": str(self.t0),
+            "GPU_CALL_DEADLINE": str(self.deadline),
+        }
 
     def enter(self) -> "Call":
         """Make the folders, set the environment for the commands this process starts, go to the repo."""
@@ -136,6 +150,7 @@ def until(argv, deadline: float, *, quiet: bool = False, on_line=None, **popen_k
     """`argv` until `deadline` (epoch s), then stopped with its descendants: its exit code, CUT when
     stopped. quiet: its progress-bar lines are left out of the log (bash's `| grep -v "it/s]"`);
     on_line(line): each line of its output goes there instead of the log."""
+
     def show(line: str) -> None:
         if quiet and any(bar in line for bar in PROGRESS_BARS):
             return
@@ -186,8 +201,21 @@ def ensure_wheels(call: Call) -> bool:
         call.say("ERROR: packages missing and no .whl carried: name .whl in carry")
         return False
     call.say(f"installing {len(wheels)} carried wheels into {call.site}")
-    pip = [call.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-           "--upgrade", "--target", str(call.site), *map(str, wheels)]
+    pip = [
+        call.python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        "--target",
+        str(call.site),
+        *map(str, wheels),
+    ]
     return subprocess.run(pip).returncode == 0 and _imports_ok(call, quiet=False)
 
 
@@ -199,8 +227,10 @@ def ensure_gguf(call: Call) -> bool:
     aa = next((f for f in (call.scratch / "part-aa", call.repo / ".device/a/part-aa") if f.is_file()), None)
     ab = call.repo / ".device/b/part-ab"
     if aa is None or not ab.is_file():
-        call.say("ERROR: the target GGUF is not here: run step A (carry .device/a) then step B "
-                 "(carry .device/b .whl) back to back")
+        call.say(
+            "ERROR: the target GGUF is not here: run step A (carry .device/a) then step B "
+            "(carry .device/b .whl) back to back"
+        )
         return False
     if join_parts([aa, ab], gguf) != EMBEDDED_SHA256:
         print("model.gguf: FAILED (sha256)", flush=True)
@@ -216,8 +246,12 @@ def ensure_gguf(call: Call) -> bool:
 
 def ensure_target(call: Call) -> bool:
     """The GGUF converted once into DRAFTLAB_CACHE (~45 s on a 2-core CPU)."""
-    done = subprocess.run([call.python, "-m", "draftlab.cli", "target", "embedded", "--json"],
-                          stdout=subprocess.DEVNULL).returncode == 0
+    done = (
+        subprocess.run(
+            [call.python, "-m", "draftlab.cli", "target", "embedded", "--json"], stdout=subprocess.DEVNULL
+        ).returncode
+        == 0
+    )
     if done:
         call.say(f"embedded target ready in {call.dl / 'cache'}")
     return done
@@ -225,9 +259,11 @@ def ensure_target(call: Call) -> bool:
 
 def state_parts(folder: Path) -> list[Path]:
     """state-run.tar.xz, or its .part-N files in numeric order."""
+
     def order(p: Path):
         tail = p.name.rsplit("-", 1)[-1]
         return (p.name.count("part"), int(tail) if tail.isdigit() else 0)
+
     return sorted(folder.glob("state-run.tar.xz*"), key=order)
 
 
@@ -239,8 +275,9 @@ def restore_state(call: Call) -> bool:
     parts = state_parts(state)
     if not parts:
         return True
-    call.say(f"restoring {' '.join(str(p.relative_to(call.repo)) for p in parts)} into {call.results} "
-             f"(existing files kept)")
+    call.say(
+        f"restoring {' '.join(str(p.relative_to(call.repo)) for p in parts)} into {call.results} (existing files kept)"
+    )
     call.run.mkdir(parents=True, exist_ok=True)
     tar = subprocess.Popen(["tar", "-xJf", "-", "-C", str(call.results), "--skip-old-files"], stdin=subprocess.PIPE)
     try:

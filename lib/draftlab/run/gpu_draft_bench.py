@@ -24,10 +24,12 @@ from draftlab.run.gpu_call import CUT, Call, join_parts, until, written
 
 DONE, AGAIN, FAILED = 0, 3, 1
 # in priority order: the graphed prefill (default) against the eager one, same draft, same prompts
-BENCHES = (("bf16_chain_blend", "--dtype bfloat16 --steps 3,4,5,6,7"),
-           ("bf16_chain_blend_nopad", "--dtype bfloat16 --steps 3,5 --prefill-bucket 0"),
-           ("bf16_chain_humaneval", "--dtype bfloat16 --steps 4,5 --eval-set humaneval"),
-           ("fp32_chain_blend", "--dtype float32 --steps 3,4,5"))
+BENCHES = (
+    ("bf16_chain_blend", "--dtype bfloat16 --steps 3,4,5,6,7"),
+    ("bf16_chain_blend_nopad", "--dtype bfloat16 --steps 3,5 --prefill-bucket 0"),
+    ("bf16_chain_humaneval", "--dtype bfloat16 --steps 4,5 --eval-set humaneval"),
+    ("fp32_chain_blend", "--dtype float32 --steps 3,4,5"),
+)
 
 
 @dataclass
@@ -60,8 +62,10 @@ def draft_dir(call: Call) -> Path:
 
 def stash(call: Call) -> None:
     """What this call carried (.device/draft-*, .device/prompts) copied under DL for the call that completes the set."""
-    for folder, dest in [*((d, parts_dir(call)) for d in sorted(call.repo.glob(".device/draft-*"))),
-                         (call.repo / ".device/prompts", prompts_dir(call))]:
+    for folder, dest in [
+        *((d, parts_dir(call)) for d in sorted(call.repo.glob(".device/draft-*"))),
+        (call.repo / ".device/prompts", prompts_dir(call)),
+    ]:
         dest.mkdir(parents=True, exist_ok=True)
         files = sorted(f for f in folder.glob("*") if f.is_file()) if folder.is_dir() else []
         for f in files:
@@ -96,8 +100,10 @@ def unpack(call: Call) -> str | None:
         want = sums.read_text().split()[0]
         got = join_parts(parts, tar)
         if got != want:
-            return (f"{tar} (joined from {parts[0].name}..{parts[-1].name} in {parts_dir(call)}) does not match "
-                    f"{sums}: sha256 {got}, want {want}")
+            return (
+                f"{tar} (joined from {parts[0].name}..{parts[-1].name} in {parts_dir(call)}) does not match "
+                f"{sums}: sha256 {got}, want {want}"
+            )
         tmp = call.dl / "draft.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         with tarfile.open(tar) as t:
@@ -122,9 +128,25 @@ def bench(call: Call, knobs: Knobs, name: str, args: list[str]) -> int:
         call.say(f"{name}: skipped, {call.left()} s left")
         return AGAIN
     call.say(f"bench {name}: {' '.join(args)}")
-    argv = call.cli("bench", "specdec", "--target", "embedded", "--draft", draft_dir(call), "--device", "cuda",
-                    "--max-new-tokens", 128, "--samples", knobs.samples, "--eval-set", prompts_dir(call) / "test.jsonl",
-                    "--out", call.out / f"{name}.json", *args)
+    argv = call.cli(
+        "bench",
+        "specdec",
+        "--target",
+        "embedded",
+        "--draft",
+        draft_dir(call),
+        "--device",
+        "cuda",
+        "--max-new-tokens",
+        128,
+        "--samples",
+        knobs.samples,
+        "--eval-set",
+        prompts_dir(call) / "test.jsonl",
+        "--out",
+        call.out / f"{name}.json",
+        *args,
+    )
     rc = until(argv, call.deadline, quiet=True)
     call.say(f"bench {name}: exit {rc}")
     return DONE if rc == 0 and done(call, name) else AGAIN if rc == CUT else FAILED
@@ -149,6 +171,8 @@ def run(call: Call, knobs: Knobs | None = None, setup=gpu_call.ensure_all) -> in
     outcomes = [bench(call, knobs, name, args) for name, args in knobs.benches]
     results = len(list(call.out.glob("*.json")))
     rc = FAILED if FAILED in outcomes else AGAIN if AGAIN in outcomes else DONE
-    call.say(f"{'DONE' if rc == DONE else 'NOT DONE YET' if rc == AGAIN else 'FAILED'}: {results} result files "
-             f"in {call.out}{'. NEXT: bench_draft.sh again' if rc == AGAIN else ''}")
+    call.say(
+        f"{'DONE' if rc == DONE else 'NOT DONE YET' if rc == AGAIN else 'FAILED'}: {results} result files "
+        f"in {call.out}{'. NEXT: bench_draft.sh again' if rc == AGAIN else ''}"
+    )
     return rc

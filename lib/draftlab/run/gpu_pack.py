@@ -20,8 +20,18 @@ from draftlab.run.gpu_steps import stage_done
 
 PART_BYTES = 15 * 1024 * 1024
 # never in the state: weights, checkpoints, token and hidden-state caches, TensorBoard logs
-STATE_EXCLUDES = ("*.safetensors", "ckpt-*", ".ckpt-*", "{run_id}/drafts", "{run_id}/scaling/eagle*",
-                  "{run_id}/scaling/train_shuffled.jsonl", "tokens", "hidden", "tb", ".restored")
+STATE_EXCLUDES = (
+    "*.safetensors",
+    "ckpt-*",
+    ".ckpt-*",
+    "{run_id}/drafts",
+    "{run_id}/scaling/eagle*",
+    "{run_id}/scaling/train_shuffled.jsonl",
+    "tokens",
+    "hidden",
+    "tb",
+    ".restored",
+)
 # once 03 is done its work shards repeat its jsonl
 REGEN_DONE_EXCLUDES = ("*.work", "{run_id}/data/regen/work")
 PACKED_FILES = ("params.yaml", "metrics.json", "summary.json", "README.md")  # each required
@@ -45,6 +55,7 @@ def xz_copy(src: Path, dst: Path, check: bool = False) -> int:
 
 def tar_gz_without(src: Path, arcname: str, out: Path, excludes) -> None:
     """src as arcname in out (gzip), without any path whose part matches one of the patterns (tar's --exclude)."""
+
     def keep(info: tarfile.TarInfo):
         return None if any(fnmatch(part, p) for part in Path(info.name).parts for p in excludes) else info
 
@@ -74,8 +85,15 @@ def save_state(call: Call) -> int:
     for old in call.out.glob("state-run.tar.xz*"):
         old.unlink()
     whole = call.out / "state-run.tar.xz"
-    tar_argv = ["tar", "-cf", "-", "-C", str(call.results), *(f"--exclude={p}" for p in state_excludes(call)),
-                call.run_id]
+    tar_argv = [
+        "tar",
+        "-cf",
+        "-",
+        "-C",
+        str(call.results),
+        *(f"--exclude={p}" for p in state_excludes(call)),
+        call.run_id,
+    ]
     with open(whole, "wb") as out:
         tar = subprocess.Popen(tar_argv, stdout=subprocess.PIPE)
         xz = subprocess.run(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=out)
@@ -86,8 +104,9 @@ def save_state(call: Call) -> int:
             write_parts(f, call.out / "state-run.tar.xz.part-")
         whole.unlink()
     total = sum(p.stat().st_size for p in call.out.glob("state-run.tar.xz*"))
-    call.say(f"state for a cold start: {human(total)} in {call.out} (copy to .device/state/ if the next call "
-             f"starts cold)")
+    call.say(
+        f"state for a cold start: {human(total)} in {call.out} (copy to .device/state/ if the next call starts cold)"
+    )
     return rc
 
 
@@ -98,8 +117,9 @@ def send_tree(call: Call, parent: Path, name: str, prefix: str) -> int:
     tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(parent), name], stdout=subprocess.PIPE)
     parts = write_parts(tar.stdout, call.out / f"{prefix}.tar.part-")
     rc = tar.wait()
-    call.say(f"{prefix}: {len(parts)} parts in {call.out} "
-             f"(here: cat <files_at>/{prefix}.tar.part-* | tar -xf - -C DEST)")
+    call.say(
+        f"{prefix}: {len(parts)} parts in {call.out} (here: cat <files_at>/{prefix}.tar.part-* | tar -xf - -C DEST)"
+    )
     return rc
 
 
@@ -153,7 +173,9 @@ def pack_reference(call: Call) -> int:
 def report(call: Call) -> None:
     call.say("stages done: " + "".join(f"{nb} " for nb in call.stages if stage_done(call.run, nb)))
     try:
-        subprocess.run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"],
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"],
+            stderr=subprocess.DEVNULL,
+        )
     except OSError:
         pass

@@ -48,8 +48,9 @@ PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.t
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
 # published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
 # and train/summary.json
-PUBLISHED_RUNS = {row: f"results/recipes-2026-12-01/{row}"
-                  for row in ("fcnorm", "fcnorm-lr1e-3", "n10806", "best-data2x")}
+PUBLISHED_RUNS = {
+    row: f"results/recipes-2026-12-01/{row}" for row in ("fcnorm", "fcnorm-lr1e-3", "n10806", "best-data2x")
+}
 # published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
 # device time ran out at step 4,595 of 4,945 (2026-12-02), its learning rate then 1.3% of the peak
 PUBLISHED_UNFINISHED = {"best-data2x"}
@@ -96,19 +97,27 @@ class Knobs:
 
         # checked by `draftlab recipes speed`
         variants = [v for v in get("SPEED_VARIANTS", "eager compiled").split() if v != "none"]
-        return cls(rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
-                   parallel=int(get("PARALLEL", 4)), speed_steps=int(get("SPEED_STEPS", 30)),
-                   speed_samples=int(get("SPEED_SAMPLES", 0)), speed_variants=variants,
-                   train_set=env.get("TRAIN_SET", "").split(), samples=int(get("SAMPLES", 64)),
-                   humaneval=int(get("HUMANEVAL", 32)), target=get("RECIPES_TARGET", "embedded"),
-                   base_draft=call.repo / ".device/drafts/eagle3",
-                   send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r],
-                   chain=env.get("CHAIN", ""), chain_rows=env.get("CHAIN_ROWS", ""),
-                   regen_rows=int(get("REGEN_ROWS", 21612)),
-                   regen_servers=int(get("REGEN_SERVERS", 2)), regen_concurrency=int(get("REGEN_CONCURRENCY", 512)),
-                   published=[r for r in env.get("PUBLISHED", "").split(",") if r],
-                   carried_drafts=call.repo / ".device/drafts",
-                   concurrency=get("CONCURRENCY", "16,1"))
+        return cls(
+            rows=[r for r in get("ROWS", "epochs10,fcnorm,vocab32k,eagle1").split(",") if r],
+            parallel=int(get("PARALLEL", 4)),
+            speed_steps=int(get("SPEED_STEPS", 30)),
+            speed_samples=int(get("SPEED_SAMPLES", 0)),
+            speed_variants=variants,
+            train_set=env.get("TRAIN_SET", "").split(),
+            samples=int(get("SAMPLES", 64)),
+            humaneval=int(get("HUMANEVAL", 32)),
+            target=get("RECIPES_TARGET", "embedded"),
+            base_draft=call.repo / ".device/drafts/eagle3",
+            send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r],
+            chain=env.get("CHAIN", ""),
+            chain_rows=env.get("CHAIN_ROWS", ""),
+            regen_rows=int(get("REGEN_ROWS", 21612)),
+            regen_servers=int(get("REGEN_SERVERS", 2)),
+            regen_concurrency=int(get("REGEN_CONCURRENCY", 512)),
+            published=[r for r in env.get("PUBLISHED", "").split(",") if r],
+            carried_drafts=call.repo / ".device/drafts",
+            concurrency=get("CONCURRENCY", "16,1"),
+        )
 
 
 def study_dir(call: Call) -> Path:
@@ -160,8 +169,16 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
         if not written(regenerated(call)) and tracked.is_file():
             unxz(tracked, regenerated(call))
         if written(regenerated(call)):  # the data-volume rows' own train files, once
-            argv = call.cli("recipes", "grow", "--rows", ",".join(knobs.rows), "--train-file", data / "train.jsonl",
-                            "--regenerated", regenerated(call))
+            argv = call.cli(
+                "recipes",
+                "grow",
+                "--rows",
+                ",".join(knobs.rows),
+                "--train-file",
+                data / "train.jsonl",
+                "--regenerated",
+                regenerated(call),
+            )
             if until(argv, call.deadline - 30) != DONE:
                 call.say("FAILED: the data-volume rows' train files (draftlab recipes grow)")
                 return False
@@ -198,10 +215,29 @@ def speed_check(call: Call, knobs: Knobs) -> None:
     if call.left() < SPEED_MIN_S:
         call.say(f"speed check: {call.left()} s left, too few; a later call runs it")
         return
-    argv = call.cli("recipes", "speed", "--variants", ",".join(knobs.speed_variants), "--train-file",
-                    data / "train.jsonl", "--val-file", data / "val.jsonl", "--out", study, "--target", knobs.target,
-                    "--steps", knobs.speed_steps, "--samples", knobs.speed_samples, "--budget-s", call.left() - 30,
-                    "--set", "device", "cuda")
+    argv = call.cli(
+        "recipes",
+        "speed",
+        "--variants",
+        ",".join(knobs.speed_variants),
+        "--train-file",
+        data / "train.jsonl",
+        "--val-file",
+        data / "val.jsonl",
+        "--out",
+        study,
+        "--target",
+        knobs.target,
+        "--steps",
+        knobs.speed_steps,
+        "--samples",
+        knobs.speed_samples,
+        "--budget-s",
+        call.left() - 30,
+        "--set",
+        "device",
+        "cuda",
+    )
     rc = until(argv, call.deadline - 20)
     call.say(f"speed check: exit {rc}")
     if result.is_file():
@@ -219,8 +255,14 @@ def tokenize_profile(call: Call, out: Path, shown: int, *target_device: str) -> 
                 print(line, flush=True)
             lines.append(line)
 
-    argv = [call.python, "benchmarks/tokenize_profile.py", call.model_dir, data_dir(call) / "train.jsonl", 300,
-            *target_device]
+    argv = [
+        call.python,
+        "benchmarks/tokenize_profile.py",
+        call.model_dir,
+        data_dir(call) / "train.jsonl",
+        300,
+        *target_device,
+    ]
     rc = until(argv, min(time.time() + PROFILE_CHILD_S, call.deadline - 30), on_line=keep, cwd=call.repo)
     out.write_text("".join(f"{line}\n" for line in lines))
     return rc
@@ -240,10 +282,34 @@ def train_rows(call: Call, knobs: Knobs) -> int:
     if budget < 1:
         call.say(f"no time left to train ({call.left()} s): call again")
         return AGAIN
-    argv = call.cli("recipes", "train", "--rows", ",".join(knobs.rows), "--train-file", data / "train.jsonl",
-                    "--val-file", data / "val.jsonl", "--out", study, "--parallel", knobs.parallel,
-                    "--budget-s", budget, "--target", knobs.target, "--set", "device", "cuda",
-                    "--set", "save_every", 100, "--set", "eval_every", 500, *knobs.train_set)
+    argv = call.cli(
+        "recipes",
+        "train",
+        "--rows",
+        ",".join(knobs.rows),
+        "--train-file",
+        data / "train.jsonl",
+        "--val-file",
+        data / "val.jsonl",
+        "--out",
+        study,
+        "--parallel",
+        knobs.parallel,
+        "--budget-s",
+        budget,
+        "--target",
+        knobs.target,
+        "--set",
+        "device",
+        "cuda",
+        "--set",
+        "save_every",
+        100,
+        "--set",
+        "eval_every",
+        500,
+        *knobs.train_set,
+    )
     rc = until(argv, call.deadline)
     for row in knobs.rows:
         call.say(f"{row}: {last_line(study / row / 'train.log', 400)}")
@@ -253,13 +319,32 @@ def train_rows(call: Call, knobs: Knobs) -> int:
 def measure_rows(call: Call, knobs: Knobs) -> int:
     """`draftlab recipes measure` of `base` and ROWS in SGLang, until 30 s before the deadline; the report."""
     study = study_dir(call)
-    argv = call.cli("recipes", "measure", "--rows", ",".join(["base", *knobs.rows]), "--out", study,
-                    "--model-path", call.model_dir, "--held-out", data_dir(call) / "test.jsonl",
-                    "--samples", knobs.samples, "--humaneval", knobs.humaneval, "--chain", knobs.chain,
-                    "--chain-rows", knobs.chain_rows,
-                    "--concurrency", knobs.concurrency,
-                    "--prefix", call.sglang_prefix,
-                    "--budget-s", call.left() - 30)
+    argv = call.cli(
+        "recipes",
+        "measure",
+        "--rows",
+        ",".join(["base", *knobs.rows]),
+        "--out",
+        study,
+        "--model-path",
+        call.model_dir,
+        "--held-out",
+        data_dir(call) / "test.jsonl",
+        "--samples",
+        knobs.samples,
+        "--humaneval",
+        knobs.humaneval,
+        "--chain",
+        knobs.chain,
+        "--chain-rows",
+        knobs.chain_rows,
+        "--concurrency",
+        knobs.concurrency,
+        "--prefix",
+        call.sglang_prefix,
+        "--budget-s",
+        call.left() - 30,
+    )
     return outcome(until(argv, call.deadline - 10, quiet=True))
 
 
@@ -280,12 +365,29 @@ def regen_extra(call: Call, knobs: Knobs) -> int:
             tar.extractall(data_dir(call), filter="data")
         call.say(f"resuming the regeneration from the carried {REGEN_PARTIAL}")
     if not written(final):
-        argv = call.cli("regenerate", call.repo / EXTRA_PROMPTS, work, "--output", final, "--limit", knobs.regen_rows,
-                        "--serve", call.model_dir, "--sglang-servers", knobs.regen_servers,
-                        "--sglang-prefix", call.sglang_prefix, "--concurrency", knobs.regen_concurrency,
-                        *REGEN_SAMPLING, "--no-progress")
-        call.say(f"regenerating {knobs.regen_rows} extra prompts through {knobs.regen_servers} servers "
-                 f"until {call.left() - 30} s from now")
+        argv = call.cli(
+            "regenerate",
+            call.repo / EXTRA_PROMPTS,
+            work,
+            "--output",
+            final,
+            "--limit",
+            knobs.regen_rows,
+            "--serve",
+            call.model_dir,
+            "--sglang-servers",
+            knobs.regen_servers,
+            "--sglang-prefix",
+            call.sglang_prefix,
+            "--concurrency",
+            knobs.regen_concurrency,
+            *REGEN_SAMPLING,
+            "--no-progress",
+        )
+        call.say(
+            f"regenerating {knobs.regen_rows} extra prompts through {knobs.regen_servers} servers "
+            f"until {call.left() - 30} s from now"
+        )
         stop = threading.Event()
         threading.Thread(target=show_progress, args=(call, work, stop), daemon=True).start()
         rc = until(argv, call.deadline - 30)

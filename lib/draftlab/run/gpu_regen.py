@@ -44,9 +44,12 @@ def _env(name: str, default) -> str:
 def target_server(call: Call, log: Path, *, python: str | None = None, port: int = 30000) -> SGLangServer:
     """The one regeneration server of sglang.sh and regen_feed.sh, as they measured it (LOG.md):
     REGEN_MAX_RUNNING (1,024) running requests, past its CUDA graphs of REGEN_GRAPH_BS (512)."""
-    command = regeneration_command(str(call.model_dir), port=port,
-                                   max_running_requests=int(_env("REGEN_MAX_RUNNING", 1024)),
-                                   cuda_graph_max_bs=int(_env("REGEN_GRAPH_BS", 512)))
+    command = regeneration_command(
+        str(call.model_dir),
+        port=port,
+        max_running_requests=int(_env("REGEN_MAX_RUNNING", 1024)),
+        cuda_graph_max_bs=int(_env("REGEN_GRAPH_BS", 512)),
+    )
     return SGLangServer(command, log, python=python, env=server_env(call.sglang_prefix), startup_timeout=STARTUP_S)
 
 
@@ -75,8 +78,11 @@ def flush(url: str, quiet: bool = False) -> None:
 def running_requests(log: Path) -> dict:
     """The scheduler's `#running-req: N` samples in a server log: median, max, count."""
     found = sorted(int(n) for n in re.findall(r"#running-req: (\d+)", log.read_text(errors="replace")))
-    return {"median": found[len(found) // 2] if found else None, "max": found[-1] if found else None,
-            "samples": len(found)}
+    return {
+        "median": found[len(found) // 2] if found else None,
+        "max": found[-1] if found else None,
+        "samples": len(found),
+    }
 
 
 def running_line(name: str, log: Path) -> str:
@@ -95,14 +101,20 @@ def regenerate(call: Call, rows: Path, work: Path, summary: Path, *args) -> tupl
 
 def over(urls, model: Path, concurrency: int) -> list[str]:
     """The client's arguments for servers at `urls`, `concurrency` requests in flight per server."""
-    return [*(a for u in urls for a in ("--base-url", u)), "--model", str(model), "--concurrency", str(concurrency),
-            *SERVER_CLIENT]
+    return [
+        *(a for u in urls for a in ("--base-url", u)),
+        "--model",
+        str(model),
+        "--concurrency",
+        str(concurrency),
+        *SERVER_CLIENT,
+    ]
 
 
 def copy_rows(src: Path, dst: Path, n: int | None = None) -> int:
     """The first n rows (all: None) of a JSONL file, .xz-compressed or not, into dst; how many were written."""
     count = 0
-    with (lzma.open(src, "rt") if src.suffix == ".xz" else open(src)) as f, open(dst, "w") as out:
+    with lzma.open(src, "rt") if src.suffix == ".xz" else open(src) as f, open(dst, "w") as out:
         for line in f:
             if n is not None and count >= n:
                 break
@@ -138,8 +150,11 @@ def side_by_side(call: Call, which: str, n: int, url: str | None = None, concurr
     t0 = time.time()
     regenerate(call, d / "rows.jsonl", d / which, d / f"{which}.json", *args, *sampling)
     (d / f"{which}.s").write_text(f"{t0}\n{time.time()}\n")
-    res = {"rows": n, "note": "first N rows of the blend's train split, max_tokens as 03, greedy; wall from start "
-                              "to end of the command"}
+    res = {
+        "rows": n,
+        "note": "first N rows of the blend's train split, max_tokens as 03, greedy; wall from start "
+        "to end of the command",
+    }
     for k in ("sglang", "batch"):
         walls = (d / f"{k}.s").read_text().split() if (d / f"{k}.s").is_file() else []
         if (d / f"{k}.json").is_file() and len(walls) == 2:
@@ -150,8 +165,15 @@ def side_by_side(call: Call, which: str, n: int, url: str | None = None, concurr
 
 
 # ---- regen_feed.sh: is the client the limit of one server? ------------------------------------------
-def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: Path | None = None,
-               python: str | None = None, port: int = 30000) -> int:
+def regen_feed(
+    call: Call,
+    *,
+    n: int = 4096,
+    concurrency: int = 1024,
+    rows_xz: Path | None = None,
+    python: str | None = None,
+    port: int = 30000,
+) -> int:
     """The same N rows through one server by one client at C, by two clients at C/2 on halves at once,
     then by the batch backend (server stopped): OUT/regen_feed.json after each part."""
     d = call.dl / "feed"
@@ -161,7 +183,7 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
     total = copy_rows(rows_xz or call.repo / REGEN_ROWS, rows, n)
     lines = rows.read_text().splitlines(keepends=True)
     (d / "half1.jsonl").write_text("".join(lines[: n // 2]))
-    (d / "half2.jsonl").write_text("".join(lines[n // 2:]))
+    (d / "half2.jsonl").write_text("".join(lines[n // 2 :]))
     sampling = ("--max-tokens", "256", *SAMPLING)
     res: dict = {"rows": total}
 
@@ -182,8 +204,14 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
         half = over([server.base_url], call.model_dir, concurrency // 2)
         t0 = time.time()
         with ThreadPoolExecutor(2) as pool:  # two clients at once, on the two halves
-            list(pool.map(lambda i: regenerate(call, d / f"half{i}.jsonl", d / f"two{i}", d / f"two_{i}.json",
-                                               *half, *sampling), (1, 2)))
+            list(
+                pool.map(
+                    lambda i: regenerate(
+                        call, d / f"half{i}.jsonl", d / f"two{i}", d / f"two_{i}.json", *half, *sampling
+                    ),
+                    (1, 2),
+                )
+            )
         record("two", time.time() - t0, "two_1", "two_2")
         line = running_line("server", d / "server.log")
         print(line, flush=True)
@@ -200,9 +228,18 @@ def regen_feed(call: Call, *, n: int = 4096, concurrency: int = 1024, rows_xz: P
 
 
 # ---- regen_servers.sh: does regeneration scale with servers on one GPU? ----------------------------
-def regen_servers(call: Call, *, k: int = 4, n: int = 4096, concurrency: int = 512, mem: float = 0.5,
-                  full: bool = True, rows_xz: Path | None = None, python: str | None = None,
-                  port: int = 30000) -> int:
+def regen_servers(
+    call: Call,
+    *,
+    k: int = 4,
+    n: int = 4096,
+    concurrency: int = 512,
+    mem: float = 0.5,
+    full: bool = True,
+    rows_xz: Path | None = None,
+    python: str | None = None,
+    port: int = 30000,
+) -> int:
     """K servers (sglang.server.regeneration_commands: graph-sized, a fixed KV pool, own ports) up
     together for every run: the first N rows through 1, 2, 4 .. K of them by one client over their
     URLs, then the whole train split through all K (full, with 200 s left). OUT/regen_servers.json
@@ -212,25 +249,49 @@ def regen_servers(call: Call, *, k: int = 4, n: int = 4096, concurrency: int = 5
     d.mkdir(parents=True)
     copy_rows(rows_xz or call.repo / REGEN_ROWS, d / "train.jsonl")
     copy_rows(d / "train.jsonl", d / "rows.jsonl", n)
-    res = {"concurrency_per_server": concurrency, "mem_fraction_static": mem, "max_running_requests": REGEN_RUNNING,
-           "cuda_graph_max_bs": REGEN_RUNNING, "runs": {}}
-    servers = TargetServers(str(call.model_dir), k, d, prefix=str(call.sglang_prefix), port=port,
-                            startup_timeout=STARTUP_S, python=python, mem_fraction_static=mem)
+    res = {
+        "concurrency_per_server": concurrency,
+        "mem_fraction_static": mem,
+        "max_running_requests": REGEN_RUNNING,
+        "cuda_graph_max_bs": REGEN_RUNNING,
+        "runs": {},
+    }
+    servers = TargetServers(
+        str(call.model_dir),
+        k,
+        d,
+        prefix=str(call.sglang_prefix),
+        port=port,
+        startup_timeout=STARTUP_S,
+        python=python,
+        mem_fraction_static=mem,
+    )
     if not started(call, servers):
         return 1
     try:
+
         def measure(name: str, count: int, rows: Path) -> None:
             urls = servers.urls[:count]
             for url in urls:
                 flush(url, quiet=True)
-            rc, wall = regenerate(call, rows, d / name, d / f"{name}.json", *over(urls, call.model_dir, concurrency),
-                                  "--max-tokens", "256", *SAMPLING)
+            rc, wall = regenerate(
+                call,
+                rows,
+                d / name,
+                d / f"{name}.json",
+                *over(urls, call.model_dir, concurrency),
+                "--max-tokens",
+                "256",
+                *SAMPLING,
+            )
             if rc != 0:
                 call.say(f"{name}: regenerate exit {rc}")
             res["runs"][name] = {"servers": count, "wall_s": wall, "summary": read_summary(d / f"{name}.json")}
             (call.out / "regen_servers.json").write_text(json.dumps(res, indent=1))
-            print({m: (r["servers"], round(r["wall_s"], 1), r["summary"].get("tok_s")) for m, r in res["runs"].items()},
-                  flush=True)
+            print(
+                {m: (r["servers"], round(r["wall_s"], 1), r["summary"].get("tok_s")) for m, r in res["runs"].items()},
+                flush=True,
+            )
 
         count = 1
         while count <= k:

@@ -41,8 +41,12 @@ from draftlab.sglang.install import server_env
 
 DONE, AGAIN, FAILED = 0, 3, 1
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "tokens", "hidden", "data", "drafts", "*.pt")  # sglang-results.tar.gz
-TRAIN_BG = {"BUDGET_S": "1500", "STAGES": "04", "ATTN_CHECK": "0",
-            "P04": "-p ARCHS [eagle3] -p SIDE_BY_SIDE false -p EPOCHS 5.0"}
+TRAIN_BG = {
+    "BUDGET_S": "1500",
+    "STAGES": "04",
+    "ATTN_CHECK": "0",
+    "P04": "-p ARCHS [eagle3] -p SIDE_BY_SIDE false -p EPOCHS 5.0",
+}
 ORACLE_CHECK = (("chain6", "--steps 6"), ("tree548", "--steps 5 --topk 4 --num-draft-tokens 8"))
 
 
@@ -69,18 +73,28 @@ class Knobs:
         def get(name: str, default) -> str:
             return env.get(name) or str(default)
 
-        return cls(draft=Path(get("DRAFT", call.run / "drafts/eagle3")), samples=int(get("SAMPLES", 32)),
-                   eval_xz=Path(get("EVAL_XZ", "results/reference/data/blend/test.jsonl.xz")),
-                   oracle_from=Path(get("ORACLE_FROM", "results/reference/sglang")),
-                   published=Path(get("PUBLISHED", "results/reference")), study_args=get("STUDY_ARGS", "").split(),
-                   study_min_s=int(get("STUDY_MIN_S", 330)), oracle_chain=get("ORACLE_CHAIN", "1,3,6"),
-                   regen_side=int(get("REGEN_SIDE", 4096)), regen_concurrency=int(get("REGEN_CONCURRENCY", 1024)),
-                   notebooks=get("STAGES_NOTEBOOKS", "00 05 06"))
+        return cls(
+            draft=Path(get("DRAFT", call.run / "drafts/eagle3")),
+            samples=int(get("SAMPLES", 32)),
+            eval_xz=Path(get("EVAL_XZ", "results/reference/data/blend/test.jsonl.xz")),
+            oracle_from=Path(get("ORACLE_FROM", "results/reference/sglang")),
+            published=Path(get("PUBLISHED", "results/reference")),
+            study_args=get("STUDY_ARGS", "").split(),
+            study_min_s=int(get("STUDY_MIN_S", 330)),
+            oracle_chain=get("ORACLE_CHAIN", "1,3,6"),
+            regen_side=int(get("REGEN_SIDE", 4096)),
+            regen_concurrency=int(get("REGEN_CONCURRENCY", 1024)),
+            notebooks=get("STAGES_NOTEBOOKS", "00 05 06"),
+        )
 
     def oracle_specs(self) -> list[tuple[str, str]]:
         """The engine's oracle runs beside the study: (name, `bench specdec` options)."""
-        return [("chain", f"--steps {self.oracle_chain}"), ("tree548", "--steps 5 --topk 4 --num-draft-tokens 8"),
-                ("tree6816", "--steps 6 --topk 8 --num-draft-tokens 16"), ("wrongflag", "--steps 6 --mode EAGLE")]
+        return [
+            ("chain", f"--steps {self.oracle_chain}"),
+            ("tree548", "--steps 5 --topk 4 --num-draft-tokens 8"),
+            ("tree6816", "--steps 6 --topk 8 --num-draft-tokens 16"),
+            ("wrongflag", "--steps 6 --mode EAGLE"),
+        ]
 
 
 def sglang_dir(call: Call) -> Path:
@@ -90,13 +104,25 @@ def sglang_dir(call: Call) -> Path:
 # ---- set-up ----------------------------------------------------------------------------------------
 def install_sglang(call: Call) -> bool:
     """SGLang from the staged bundle parts into PREFIX (a no-op once installed); its version in RUN/sglang."""
-    install = [call.python, "-m", "draftlab.sglang.install", "install", "--stage", str(call.dl / "sglang-parts"),
-               "--prefix", str(call.sglang_prefix)]
+    install = [
+        call.python,
+        "-m",
+        "draftlab.sglang.install",
+        "install",
+        "--stage",
+        str(call.dl / "sglang-parts"),
+        "--prefix",
+        str(call.sglang_prefix),
+    ]
     if subprocess.run(install).returncode != 0:
         return False
     sglang_dir(call).mkdir(parents=True, exist_ok=True)
-    version = subprocess.run([call.python, "-c", "import sglang, transformers, sgl_kernel; print(sglang.__version__)"],
-                             env=server_env(call.sglang_prefix), stdout=subprocess.PIPE, text=True)
+    version = subprocess.run(
+        [call.python, "-c", "import sglang, transformers, sgl_kernel; print(sglang.__version__)"],
+        env=server_env(call.sglang_prefix),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if version.returncode != 0:
         return False
     (sglang_dir(call) / "version.txt").write_text(version.stdout)
@@ -119,8 +145,10 @@ def publish_run(call: Call, knobs: Knobs) -> bool:
         return False
     (call.run / ".published").touch()
     size = sum(f.stat().st_size for f in (call.run / "drafts/eagle3").rglob("*") if f.is_file())
-    call.say(f"published run {knobs.published} in {call.run}: {' '.join(sorted(p.name for p in call.run.iterdir()))}"
-             f"; draft {gpu_pack.human(size)}")
+    call.say(
+        f"published run {knobs.published} in {call.run}: {' '.join(sorted(p.name for p in call.run.iterdir()))}"
+        f"; draft {gpu_pack.human(size)}"
+    )
     return True
 
 
@@ -160,8 +188,15 @@ def train_in_background(call: Call) -> int:
     call.say(f"04 in the background (setsid): log {log}")
     env = {**os.environ, "OUT": str(call.dl / "train-bg-out"), **TRAIN_BG}
     with open(log, "wb") as f:
-        proc = subprocess.Popen(["bash", "scripts/gpu/step.sh"], cwd=call.repo, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "scripts/gpu/step.sh"],
+            cwd=call.repo,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     pid_file.write_text(f"{proc.pid}\n")
     call.say(f"04 running as pid {proc.pid}")
     return 0
@@ -205,19 +240,56 @@ def study_missing(study: Path) -> list[str]:
 
 def bench_sglang(call: Call, knobs: Knobs, out: Path, *args) -> int:
     """`draftlab bench sglang` on SAMPLES held-out prompts, stopped 20 s before the deadline."""
-    argv = call.cli("bench", "sglang", "--model-path", call.model_dir, "--draft", knobs.draft, "--eval-set",
-                    call.run / "data/blend/test.jsonl", "--samples", knobs.samples, "--max-new-tokens", 128,
-                    "--prefix", call.sglang_prefix, "--python", call.python, *args,
-                    "--budget-s", call.left() - 60, "--out", out)
+    argv = call.cli(
+        "bench",
+        "sglang",
+        "--model-path",
+        call.model_dir,
+        "--draft",
+        knobs.draft,
+        "--eval-set",
+        call.run / "data/blend/test.jsonl",
+        "--samples",
+        knobs.samples,
+        "--max-new-tokens",
+        128,
+        "--prefix",
+        call.sglang_prefix,
+        "--python",
+        call.python,
+        *args,
+        "--budget-s",
+        call.left() - 60,
+        "--out",
+        out,
+    )
     return until(argv, call.deadline - 20, quiet=True)
 
 
 def specdec(call: Call, knobs: Knobs, out: Path, options: str, **popen_kwargs) -> int:
     """One engine oracle run on the same prompt ids (same eval file, same first SAMPLES), stopped 30 s
     before the deadline."""
-    argv = call.cli("bench", "specdec", "--target", "embedded", "--draft", knobs.draft, "--device", "cuda", "--dtype",
-                    "bfloat16", "--eval-set", call.run / "data/blend/test.jsonl", "--samples", knobs.samples,
-                    "--max-new-tokens", 128, "--out", out, *options.split())
+    argv = call.cli(
+        "bench",
+        "specdec",
+        "--target",
+        "embedded",
+        "--draft",
+        knobs.draft,
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--eval-set",
+        call.run / "data/blend/test.jsonl",
+        "--samples",
+        knobs.samples,
+        "--max-new-tokens",
+        128,
+        "--out",
+        out,
+        *options.split(),
+    )
     return until(argv, call.deadline - 30, **popen_kwargs)
 
 
@@ -267,14 +339,38 @@ def oracle_check(call: Call, knobs: Knobs) -> int:
         if written(chk / "sglang" / f"oracle_{name}.json"):
             continue
         with open(chk / f"engine_{name}.log", "wb") as log:
-            rc = specdec(call, knobs, chk / "sglang" / f"oracle_{name}.json", options, stdout=log,
-                         stderr=subprocess.STDOUT)
+            rc = specdec(
+                call, knobs, chk / "sglang" / f"oracle_{name}.json", options, stdout=log, stderr=subprocess.STDOUT
+            )
         call.say(f"oracle check: engine {name} exit {rc}")
-    rc = bench_sglang(call, knobs, chk / "sglang/study", "--chain", "6", "--trees", "5x4x8", "--concurrency", "1",
-                      "--no-wrong-flag", "--repeats", "1", "--warmup", "0")
+    rc = bench_sglang(
+        call,
+        knobs,
+        chk / "sglang/study",
+        "--chain",
+        "6",
+        "--trees",
+        "5x4x8",
+        "--concurrency",
+        "1",
+        "--no-wrong-flag",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    )
     call.say(f"oracle check: SGLang study exit {rc}")
-    subprocess.run([call.python, "-m", "draftlab.benchmark_acceptance.sglang_report", "gaps", str(chk),
-                    str(knobs.samples), str(call.out / "oracle_check.json")])
+    subprocess.run(
+        [
+            call.python,
+            "-m",
+            "draftlab.benchmark_acceptance.sglang_report",
+            "gaps",
+            str(chk),
+            str(knobs.samples),
+            str(call.out / "oracle_check.json"),
+        ]
+    )
     gpu_pack.tar_gz_without(chk, chk.name, call.out / "oracle-check.tar.gz", ("*.safetensors",))
     return 0
 
@@ -288,9 +384,23 @@ def regen(call: Call, knobs: Knobs) -> int:
         return FAILED
     try:
         call.stages = ["03"]
-        call.overrides["03"] = ["-p", "BACKEND", "server", "-p", "BASE_URLS", json.dumps([server.base_url]),
-                                "-p", "SERVED_MODEL", str(call.model_dir), "-p", "CONCURRENCY",
-                                str(knobs.regen_concurrency), "-p", "REQUEST_TIMEOUT", "600.0"]
+        call.overrides["03"] = [
+            "-p",
+            "BACKEND",
+            "server",
+            "-p",
+            "BASE_URLS",
+            json.dumps([server.base_url]),
+            "-p",
+            "SERVED_MODEL",
+            str(call.model_dir),
+            "-p",
+            "CONCURRENCY",
+            str(knobs.regen_concurrency),
+            "-p",
+            "REQUEST_TIMEOUT",
+            "600.0",
+        ]
         rc, _ = gpu_stages.run_pending(call)
         if rc == 0 and knobs.regen_side > 0:
             gpu_regen.side_by_side(call, "sglang", knobs.regen_side, server.base_url, knobs.regen_concurrency)

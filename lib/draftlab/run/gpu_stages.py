@@ -65,12 +65,22 @@ def run_stage(call: Call, nb: str, args: list[str]) -> int:
     this call's wall time (a cut call's included: the runner records only calls that finish)."""
     t_start = int(time.time())
     call.say(f"stage {nb}: start ({call.left()} s left in this call)")
-    argv = [*call.stage_command, "--profile", call.profile, "--run-id", call.run_id, "--results", str(call.results),
-            nb, *args]
+    argv = [
+        *call.stage_command,
+        "--profile",
+        call.profile,
+        "--run-id",
+        call.run_id,
+        "--results",
+        str(call.results),
+        nb,
+        *args,
+    ]
 
     def on_deadline(proc, kids):
-        call.say(f"deadline: stopping pid {proc.pid} and its children {' '.join(map(str, kids))} "
-                 f"(the next call resumes)")
+        call.say(
+            f"deadline: stopping pid {proc.pid} and its children {' '.join(map(str, kids))} (the next call resumes)"
+        )
 
     rc = run_until(argv, call.deadline, on_deadline=on_deadline)
     rc = CUT if rc is None else _exit_code(rc)

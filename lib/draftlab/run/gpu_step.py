@@ -58,8 +58,10 @@ def step(call: Call, *, benches: bool = False, attn_check: bool = True, setup=gp
         gpu_pack.save_draft(call, "eagle3")
         if gpu_pack.pack_reference(call) != 0:
             return FAILED
-        call.say(f"DONE{f' (except{missing})' if skipped else ''}: {call.out / 'reference.tar.gz'} -> here: "
-                 f"tar -xzf <files_at>/reference.tar.gz -C results/")
+        call.say(
+            f"DONE{f' (except{missing})' if skipped else ''}: {call.out / 'reference.tar.gz'} -> here: "
+            f"tar -xzf <files_at>/reference.tar.gz -C results/"
+        )
         return DONE
     gpu_pack.save_state(call)
     if rc == gpu_stages.AGAIN:
@@ -69,9 +71,13 @@ def step(call: Call, *, benches: bool = False, attn_check: bool = True, setup=gp
     return FAILED
 
 
-SETUP = {"ensure-all": gpu_call.ensure_all, "ensure-wheels": gpu_call.ensure_wheels,
-         "ensure-gguf": gpu_call.ensure_gguf, "ensure-target": gpu_call.ensure_target,
-         "restore-state": gpu_call.restore_state}
+SETUP = {
+    "ensure-all": gpu_call.ensure_all,
+    "ensure-wheels": gpu_call.ensure_wheels,
+    "ensure-gguf": gpu_call.ensure_gguf,
+    "ensure-target": gpu_call.ensure_target,
+    "restore-state": gpu_call.restore_state,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,15 +86,23 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--deadline", type=int, help="this call's deadline, epoch s (common.sh's)")
     common.add_argument("--stages", help='the stages, in order (default: STAGES, else "00 01 02 03 04 06 05 07")')
     for nn in range(10):
-        common.add_argument(f"--p{nn:02d}", metavar="ARGS", help=f"stage {nn:02d}'s overrides (default: P{nn:02d})"
-                            if nn == 0 else argparse.SUPPRESS)
-    p = argparse.ArgumentParser(prog="python3 -m draftlab.run.gpu_step", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        common.add_argument(
+            f"--p{nn:02d}",
+            metavar="ARGS",
+            help=f"stage {nn:02d}'s overrides (default: P{nn:02d})" if nn == 0 else argparse.SUPPRESS,
+        )
+    p = argparse.ArgumentParser(
+        prog="python3 -m draftlab.run.gpu_step",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("step", parents=[common], help="one call of the reference run (step.sh)")
     s.add_argument("--benches", action=argparse.BooleanOptionalAction, default=os.environ.get("BENCHES", "0") == "1")
-    s.add_argument("--attn-check", action=argparse.BooleanOptionalAction,
-                   default=os.environ.get("ATTN_CHECK", "1") == "1")
+    s.add_argument(
+        "--attn-check", action=argparse.BooleanOptionalAction, default=os.environ.get("ATTN_CHECK", "1") == "1"
+    )
     for name in SETUP:
         sub.add_parser(name, parents=[common])
     s = sub.add_parser("run-stage", parents=[common])
@@ -116,8 +130,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--n", type=int, default=env("N") or "4096", help="rows (default: N, else 4096)")
     s.add_argument("--concurrency", type=int, default=env("CONCURRENCY") or "512", help="per server")
     s.add_argument("--mem", type=float, default=env("MEM") or "0.5", help="--mem-fraction-static")
-    s.add_argument("--full", action=argparse.BooleanOptionalAction, default=(env("FULL") or "1") == "1",
-                   help="then the whole train split through all K (default: FULL, else 1)")
+    s.add_argument(
+        "--full",
+        action=argparse.BooleanOptionalAction,
+        default=(env("FULL") or "1") == "1",
+        help="then the whole train split through all K (default: FULL, else 1)",
+    )
     s = sub.add_parser("regen-feed", parents=[common], help="scripts/gpu/regen_feed.sh")
     s.add_argument("--n", type=int, default=env("N") or "4096", help="rows (default: N, else 4096)")
     s.add_argument("--c", type=int, default=env("C") or "1024", help="in flight (default: C, else 1024)")
@@ -125,10 +143,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def call_from(args) -> Call:
-    overrides = {f"{nn:02d}": getattr(args, f"p{nn:02d}").split() for nn in range(10)
-                 if getattr(args, f"p{nn:02d}") is not None}
-    return Call.from_env(budget_s=args.budget_s, deadline=args.deadline, stages=args.stages,
-                         overrides=overrides).enter()
+    overrides = {
+        f"{nn:02d}": getattr(args, f"p{nn:02d}").split() for nn in range(10) if getattr(args, f"p{nn:02d}") is not None
+    }
+    return Call.from_env(
+        budget_s=args.budget_s, deadline=args.deadline, stages=args.stages, overrides=overrides
+    ).enter()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "trace-setup":
         return gpu_bench.trace_setup(call, limit=args.limit)
     if args.command == "regen-servers":
-        return gpu_regen.regen_servers(call, k=args.k, n=args.n, concurrency=args.concurrency, mem=args.mem,
-                                       full=args.full)
+        return gpu_regen.regen_servers(
+            call, k=args.k, n=args.n, concurrency=args.concurrency, mem=args.mem, full=args.full
+        )
     if args.command == "regen-feed":
         return gpu_regen.regen_feed(call, n=args.n, concurrency=args.c)
     if args.command == "report":

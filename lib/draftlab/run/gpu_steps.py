@@ -40,10 +40,12 @@ def offline_summary(bench_dir, out) -> dict:
     d = Path(bench_dir)
     rows = list(csv.DictReader(open(d / "eagle3" / "train.csv")))
     summary_path = d / "eagle3" / "summary.json"
-    record = {"train_csv_last": rows[-1] if rows else None,
-              "summary": json.loads(summary_path.read_text()) if summary_path.is_file() else {},
-              "hidden_bytes": sum(f.stat().st_size for f in (d / "hidden").rglob("*") if f.is_file()),
-              "note": "offline hidden states, embedded target, bf16 shards"}
+    record = {
+        "train_csv_last": rows[-1] if rows else None,
+        "summary": json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        "hidden_bytes": sum(f.stat().st_size for f in (d / "hidden").rglob("*") if f.is_file()),
+        "note": "offline hidden states, embedded target, bf16 shards",
+    }
     Path(out).write_text(json.dumps(record, indent=1))
     return record
 

@@ -112,14 +112,18 @@ def start(name: str, namespace: dict) -> Run:
     if taken:
         namespace.update(taken)
         params.update(taken)
-        print(f"{params['RUN_DIR']}: from the run folder ({settings.RUN_FILE}, the {params['PROFILE']} profile): "
-              + ", ".join(f"{k}={v!r}" for k, v in taken.items()))
+        print(
+            f"{params['RUN_DIR']}: from the run folder ({settings.RUN_FILE}, the {params['PROFILE']} profile): "
+            + ", ".join(f"{k}={v!r}" for k, v in taken.items())
+        )
     (run_dir / "figures").mkdir(parents=True, exist_ok=True)
     settings.write_run_settings(run_dir, params, written_by=name)
     caveat = settings.caveat(params["TARGET"]) if name not in settings.NO_WEIGHTS else None
     if caveat:
-        print(f"TARGET={params['TARGET']!r} has random weights: every figure of this run is stamped "
-              f"'{caveat}'. For the real story use TARGET='embedded' (README: Lab defaults).")
+        print(
+            f"TARGET={params['TARGET']!r} has random weights: every figure of this run is stamped "
+            f"'{caveat}'. For the real story use TARGET='embedded' (README: Lab defaults)."
+        )
     seed_everything(int(params["SEED"]))
     return Run(name=name, dir=run_dir, params=params, device=resolve_device(params["DEVICE"]), caveat=caveat)
 
@@ -167,14 +171,35 @@ def stamp(fig, caveat: str) -> None:
     if getattr(fig, "_draftlab_caveat", None) == caveat:
         return
     fig._draftlab_caveat = caveat
-    fig.text(0.5, 1.02, caveat, ha="center", va="bottom", color="white", fontsize=10, fontweight="bold",
-             bbox={"facecolor": "tab:red", "edgecolor": "none", "pad": 3})
+    fig.text(
+        0.5,
+        1.02,
+        caveat,
+        ha="center",
+        va="bottom",
+        color="white",
+        fontsize=10,
+        fontweight="bold",
+        bbox={"facecolor": "tab:red", "edgecolor": "none", "pad": 3},
+    )
     panels = {}
     for ax in fig.axes:  # a twinx axis shares its panel: one watermark per panel
         panels.setdefault(tuple(round(x, 3) for x in ax.get_position().bounds), ax)
     for ax in panels.values():
-        ax.text(0.5, 0.5, caveat.split(":")[0].replace(" (", "\n("), transform=ax.transAxes, ha="center",
-                va="center", rotation=20, fontsize=13, color="tab:red", alpha=0.28, fontweight="bold", zorder=10)
+        ax.text(
+            0.5,
+            0.5,
+            caveat.split(":")[0].replace(" (", "\n("),
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            rotation=20,
+            fontsize=13,
+            color="tab:red",
+            alpha=0.28,
+            fontweight="bold",
+            zorder=10,
+        )
 
 
 def save_metrics(run: Run, metrics: dict) -> Path:

@@ -76,12 +76,14 @@ def resolve_parameters(notebooks: list[Path], profile: dict, overrides: dict, pr
         if section == "common":
             for key in values:
                 if key not in union:
-                    raise ParameterError(f"params/{profile_name}.yaml common: unknown parameter "
-                                         f"{key}{_suggest(key, union)}")
+                    raise ParameterError(
+                        f"params/{profile_name}.yaml common: unknown parameter {key}{_suggest(key, union)}"
+                    )
             continue
         if section not in every:
-            raise ParameterError(f"params/{profile_name}.yaml: section {section!r} names no "
-                                 f"notebook{_suggest(section, every)}")
+            raise ParameterError(
+                f"params/{profile_name}.yaml: section {section!r} names no notebook{_suggest(section, every)}"
+            )
         for key in values:
             if key not in every[section]:
                 raise ParameterError(
@@ -127,12 +129,16 @@ def run_folder_settings(run_dir: Path, profile_name: str | None, overrides: dict
     if profile_name is None:
         profile_name = have.get("PROFILE") or DEFAULT_PROFILE
     elif have.get("PROFILE") not in (None, profile_name):
-        raise ParameterError(f"{run_dir} is a run of the {have['PROFILE']} profile ({settings.RUN_FILE}): "
-                             f"--profile {profile_name} would mix two runs; drop --profile, or use a new --run-id")
+        raise ParameterError(
+            f"{run_dir} is a run of the {have['PROFILE']} profile ({settings.RUN_FILE}): "
+            f"--profile {profile_name} would mix two runs; drop --profile, or use a new --run-id"
+        )
     if "TARGET" in have:
         if overrides.get("TARGET", have["TARGET"]) != have["TARGET"]:
-            raise ParameterError(f"{run_dir} is a run of TARGET={have['TARGET']!r} ({settings.RUN_FILE}): "
-                                 f"-p TARGET {overrides['TARGET']} would mix two runs; drop it, or use a new --run-id")
+            raise ParameterError(
+                f"{run_dir} is a run of TARGET={have['TARGET']!r} ({settings.RUN_FILE}): "
+                f"-p TARGET {overrides['TARGET']} would mix two runs; drop it, or use a new --run-id"
+            )
         overrides["TARGET"] = have["TARGET"]
     return profile_name, overrides
 
@@ -210,9 +216,13 @@ def parse_overrides(pairs: list[list[str]] | None) -> dict:
 def add_run_parser(subparsers) -> None:
     p = subparsers.add_parser("run", help="execute notebooks headlessly with papermill under a profile")
     p.add_argument("notebooks", nargs="*", help="notebooks to run (e.g. 00 or 00_environment_check); default all")
-    p.add_argument("--profile", choices=PROFILES, default=None,
-                   help=f"parameter profile (params/PROFILE.yaml); default: an existing run's own (run.json), "
-                        f"else {DEFAULT_PROFILE}")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=None,
+        help=f"parameter profile (params/PROFILE.yaml); default: an existing run's own (run.json), "
+        f"else {DEFAULT_PROFILE}",
+    )
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a parameter")
     p.add_argument("--run-id", help="results/<run_id> (default: timestamp-profile); reuse one to rerun a stage")
     p.add_argument("--results", type=Path, help="results folder (default: <repo>/results)")

@@ -15,8 +15,16 @@ from pathlib import Path
 
 import yaml
 
-KEYS = ("samples", "eagle3_acceptance_s6_heldout", "eagle1_acceptance_s6_heldout", "eagle3_acceptance_s6_humaneval",
-        "eagle3_wrong_flag_acceptance", "speedup_batch1", "regeneration_tok_s", "train_minutes")
+KEYS = (
+    "samples",
+    "eagle3_acceptance_s6_heldout",
+    "eagle1_acceptance_s6_heldout",
+    "eagle3_acceptance_s6_humaneval",
+    "eagle3_wrong_flag_acceptance",
+    "speedup_batch1",
+    "regeneration_tok_s",
+    "train_minutes",
+)
 GOALS = [  # (summary key, comparison, goal, issue 8's wording)
     ("eagle3_acceptance_s6_heldout", ">=", 4.0, "EAGLE-3 chain acceptance length on held-out prompts at S = 6"),
     ("eagle3_over_eagle1", ">=", 1.3, "EAGLE-3 / EAGLE-1-style acceptance length, same data"),
@@ -54,8 +62,11 @@ def merge_params(run: Path) -> None:
         seconds.update(json.loads(p.read_text()))
     if seconds:
         m = json.loads((run / "metrics.json").read_text())
-        m["_run"] = {"notebook_seconds": seconds, "total_seconds": round(sum(seconds.values()), 1),
-                     "note": "wall seconds of every device call each notebook took, calls cut by a deadline included"}
+        m["_run"] = {
+            "notebook_seconds": seconds,
+            "total_seconds": round(sum(seconds.values()), 1),
+            "note": "wall seconds of every device call each notebook took, calls cut by a deadline included",
+        }
         (run / "metrics.json").write_text(json.dumps(m, indent=2, sort_keys=True))
 
 
@@ -95,8 +106,14 @@ def build_summary(m: dict) -> tuple[dict, dict]:
         if hit:
             s[key], src[key] = hit[0]["acceptance_length"], f"06 chain S=6 on {first_set} ({hit[0]['samples']} prompts)"
             continue
-        pts = [r for r in m07.get("results", []) if r["arch"] == arch and r.get("source") == "04"
-               and r.get("chain_acceptance_length") is not None and (m07.get("eval") or {}).get("spec_steps") == 6]
+        pts = [
+            r
+            for r in m07.get("results", [])
+            if r["arch"] == arch
+            and r.get("source") == "04"
+            and r.get("chain_acceptance_length") is not None
+            and (m07.get("eval") or {}).get("spec_steps") == 6
+        ]
         if pts:
             s[key] = pts[0]["chain_acceptance_length"]
             src[key] = f"07 real chain S=6 of 04's draft on {pts[0]['chain_prompts']} held-out val prompts"
@@ -113,14 +130,22 @@ def build_summary(m: dict) -> tuple[dict, dict]:
         src["eagle3_wrong_flag_acceptance"] = "05 acceptance_length.EAGLE"
     # every engine run of the EAGLE-3 draft on the first set: chains, the tree, and their FAST_DTYPE twins
     runs = _rows(m06, "by_set", "by_chain", "tree", "by_chain_fast_dtype")
-    fast = [r for r in runs if str(r.get("arch", "")).startswith("eagle3") and r.get("mode") == "EAGLE3"
-            and r.get("eval_set") == first_set and r.get("speedup") is not None
-            and str(r.get("lossless", "")).split("/")[0] == str(r.get("samples"))]
+    fast = [
+        r
+        for r in runs
+        if str(r.get("arch", "")).startswith("eagle3")
+        and r.get("mode") == "EAGLE3"
+        and r.get("eval_set") == first_set
+        and r.get("speedup") is not None
+        and str(r.get("lossless", "")).split("/")[0] == str(r.get("samples"))
+    ]
     if fast:
         best = max(fast, key=lambda r: r["speedup"])
         s["speedup_batch1"] = best["speedup"]
-        src["speedup_batch1"] = (f"06 best lossless eagle3 row on {first_set}: S={best['S']} K={best['K']} "
-                                 f"D={best['D']} ({best['lossless']} identical, {best['dtype']})")
+        src["speedup_batch1"] = (
+            f"06 best lossless eagle3 row on {first_set}: S={best['S']} K={best['K']} "
+            f"D={best['D']} ({best['lossless']} identical, {best['dtype']})"
+        )
     return s, src
 
 
@@ -145,19 +170,36 @@ def goals(s: dict, table=GOALS) -> list[dict]:
     for key, op, goal, text in table:
         v = vals.get(key)
         met = None if v is None else (v >= goal if op == ">=" else v <= goal)
-        out.append({"goal": text, "key": key, "target": f"{op} {goal}", "measured": v, "met": met,
-                    "short_by": None if v is None or met else round(abs(goal - v), 3)})
+        out.append(
+            {
+                "goal": text,
+                "key": key,
+                "target": f"{op} {goal}",
+                "measured": v,
+                "met": met,
+                "short_by": None if v is None or met else round(abs(goal - v), 3),
+            }
+        )
     return out
 
 
 def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> str:
-    fmt = lambda v: "not measured" if v is None else (  # noqa: E731
-        f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))  # "0.5.17"
-    lines = ["# Reference run: the embedded target on one H200", "",
-             "Full profile (`params/full.yaml`), run with `scripts/gpu/step.sh` on one NVIDIA H200; every number "
-             "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "
-             "marked override, which comes with its derivation from `summary_overrides.json`.", "",
-             "| key | value | source |", "|---|---|---|"]
+    fmt = lambda v: (
+        "not measured"
+        if v is None
+        # noqa: E731
+        else (f"{v:,.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+    )  # "0.5.17"
+    lines = [
+        "# Reference run: the embedded target on one H200",
+        "",
+        "Full profile (`params/full.yaml`), run with `scripts/gpu/step.sh` on one NVIDIA H200; every number "
+        "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "
+        "marked override, which comes with its derivation from `summary_overrides.json`.",
+        "",
+        "| key | value | source |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in keys]
     if (run / "run_notes.md").is_file():  # what happened in this run that the numbers alone do not say
         lines += ["", (run / "run_notes.md").read_text().strip()]

@@ -2,8 +2,8 @@
 
 The names below are the stage's public API; other stages import only these."""
 
-
 from draftlab.train_draft.checkpoint import (  # noqa: F401
+    RESUME_FREE,
     Logs,
     find_checkpoint,
     load_checkpoint_draft,
@@ -19,7 +19,6 @@ from draftlab.train_draft.figures import (  # noqa: F401
     read_logs,
 )
 from draftlab.train_draft.loop import (  # noqa: F401
-    RESUME_FREE,
     train,
 )
 from draftlab.train_draft.objective import (  # noqa: F401

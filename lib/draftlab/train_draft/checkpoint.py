@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from draftlab.core.acceptance import simulated_acceptance
 from draftlab.core.files import atomic_path
+from draftlab.core.records import RecordError
 from draftlab.model.draft import Eagle3Draft, config_from_dict
 from draftlab.model.target import load_target
 from draftlab.train_draft.config import TrainConfig
@@ -72,9 +73,15 @@ def _write_checkpoint(tmp: Path, step: int, draft, opt, sched, cfg: TrainConfig,
     if torch.cuda.is_available():
         opt_t["rng.cuda"] = torch.cuda.get_rng_state()
     save_file(opt_t, str(tmp / "optimizer.safetensors"))
-    state = {"step": step, "train_config": asdict(cfg), "draft_config": draft.config.to_dict(),
-             "optimizer": opt_rest, "scheduler": sched.state_dict(),
-             "python_random": _jsonable(random.getstate()), **extra}
+    state = {
+        "step": step,
+        "train_config": asdict(cfg),
+        "draft_config": draft.config.to_dict(),
+        "optimizer": opt_rest,
+        "scheduler": sched.state_dict(),
+        "python_random": _jsonable(random.getstate()),
+        **extra,
+    }
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
 
@@ -137,6 +144,66 @@ def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "c
     return draft.to(target.device).eval(), target
 
 
+# Settings that may change between a run and its resumption (they do not change the result).
+RESUME_FREE = (
+    "stop_after",
+    "stop_at",
+    "eval_every",
+    "save_every",
+    "log_every",
+    "keep_checkpoints",
+    "threads",
+    "device",
+    "hidden",
+    "hidden_dir",
+    "max_val_samples",
+    "val_file",
+    "pad_multiple",
+    "attention",
+    "recompute_head",
+    "compile",
+    "token_cache",
+)
+
+
+def check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
+    """RecordError (one line from `draftlab train`) when the checkpoint was trained with another recipe."""
+    try:
+        old = json.loads((ck / "state.json").read_text())["train_config"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RecordError(
+            f"{ck / 'state.json'}: not a training checkpoint's state ({exc!r}); use another out_dir "
+            f"or delete {ck} to start afresh"
+        ) from None
+    new, defaults = asdict(cfg), asdict(TrainConfig())  # a setting added since the checkpoint: its default
+    diff = {
+        k: (old.get(k, defaults[k]), new[k]) for k in new if k not in RESUME_FREE and old.get(k, defaults[k]) != new[k]
+    }
+    if diff:
+        raise RecordError(
+            f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
+            f"delete {ck.parent} to start afresh"
+        )
+
+
+def restore_checkpoint(ck: Path, draft, opt, sched, device) -> int:
+    """Load a checkpoint into the draft, optimizer, schedule and RNGs; the step it was taken at."""
+    state = json.loads((ck / "state.json").read_text())
+    draft.load_state_dict({k: v.to(device) for k, v in load_file(str(ck / "draft.safetensors")).items()})
+    tensors = load_file(str(ck / "optimizer.safetensors"))
+    opt.load_state_dict(
+        _optimizer_state(
+            {k: v.to(device) if not k.endswith(".step") else v for k, v in tensors.items()}, state["optimizer"]
+        )
+    )
+    sched.load_state_dict(state["scheduler"])
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    random.setstate(_tuple(state["python_random"]))
+    return int(state["step"])
+
+
 # ---- logs ------------------------------------------------------------------------------------
 class Logs:
     """train.csv + eval.csv + TensorBoard under out_dir (rank 0 only); rows past a resumed step dropped."""
@@ -183,7 +250,7 @@ def summarize(stats: torch.Tensor, decay: float) -> dict:
         li = ce / max(n, 1)
         ai = correct / max(scored, 1)
         out[f"loss_{i}"], out[f"acc_{i}"] = li, ai
-        loss += decay ** i * li
+        loss += decay**i * li
         rates.append(ai)
     out["loss"] = loss
     out["sim_accept_len"] = simulated_acceptance(rates)

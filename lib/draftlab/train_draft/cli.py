@@ -24,16 +24,20 @@ from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
     ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
-    choices = {"arch": ["eagle3", "eagle1"], "hidden": ["online", "offline"], "overlong": ["truncate", "drop"],
-               "attention": list(ATTENTION_KERNELS), "fc_norm": list(FC_NORMS)}
+    choices = {
+        "arch": ["eagle3", "eagle1"],
+        "hidden": ["online", "offline"],
+        "overlong": ["truncate", "drop"],
+        "attention": list(ATTENTION_KERNELS),
+        "fc_norm": list(FC_NORMS),
+    }
     notes = field_comments()  # each field's comment in train_draft/config.py
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = f"{notes.get(f.name, '')} (default: {default!r})".replace("%", "%%")
         if isinstance(default, bool):
-            ap.add_argument(flag, type=parse_bool, default=default, metavar="BOOL",
-                            help=text)
+            ap.add_argument(flag, type=parse_bool, default=default, metavar="BOOL", help=text)
         elif isinstance(default, list):
             ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER", help=text)
         else:
@@ -64,19 +68,27 @@ def _train_main(args) -> int:
         torch.distributed.destroy_process_group()
     return 0
 
+
 # ---- CLI -------------------------------------------------------------------------------------
 def add_export_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab export`: a training checkpoint -> SGLang folder, then validate it."""
     ap = subparsers.add_parser(
-        "export", help="export a trained draft in SGLang's EAGLE-3 format and validate it",
+        "export",
+        help="export a trained draft in SGLang's EAGLE-3 format and validate it",
         description="Exit 0 when the folder conforms to the EAGLE-3 contract, 1 on any deviation, 2 when an input "
-                    "(checkpoint, target) cannot be read.")
-    ap.add_argument("checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir "
-                                       "(latest)")
+        "(checkpoint, target) cannot be read.",
+    )
+    ap.add_argument(
+        "checkpoint", help="training checkpoint folder (RUN_DIR/train/<arch>/ckpt-*) or a train dir (latest)"
+    )
     ap.add_argument("out", help="output folder (config.json + model.safetensors)")
-    ap.add_argument("--target", default=None, help="target spec (default: the one the checkpoint was trained with); "
-                                                   "with --validate-only its config.json (no weights) for the "
-                                                   "cross-checks: widths, capture ids in range, context length")
+    ap.add_argument(
+        "--target",
+        default=None,
+        help="target spec (default: the one the checkpoint was trained with); "
+        "with --validate-only its config.json (no weights) for the "
+        "cross-checks: widths, capture ids in range, context length",
+    )
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--validate-only", action="store_true", help="only validate OUT (CHECKPOINT is ignored)")
     ap.add_argument("--allow-eagle1", action="store_true", help="with --validate-only: accept an EAGLE-1-style draft")
@@ -113,8 +125,10 @@ def _export_main(args) -> int:
         print(f"draftlab export: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except json.JSONDecodeError as exc:  # _target_config names its file; state.json is the one left
-        print(f"draftlab export: error: {args.checkpoint}: the checkpoint's state.json is not valid JSON ({exc})",
-              file=sys.stderr)
+        print(
+            f"draftlab export: error: {args.checkpoint}: the checkpoint's state.json is not valid JSON ({exc})",
+            file=sys.stderr,
+        )
         return 2
     for line in problems:
         print("DEVIATION:", line)

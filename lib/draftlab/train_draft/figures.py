@@ -48,8 +48,11 @@ def plot_step_accuracy(evals: dict):
         offset = (k - (len(evals) - 1) / 2) * width
         ax.bar([s + offset for s in steps], [ev[f"acc_{s}"] for s in steps], width, label=arch)
         ax.set_xticks(steps)
-    ax.set(title="validation accuracy per draft step (teacher-forced tokens, own hidden states)",
-           xlabel="draft step i", ylabel="acc_i")
+    ax.set(
+        title="validation accuracy per draft step (teacher-forced tokens, own hidden states)",
+        xlabel="draft step i",
+        ylabel="acc_i",
+    )
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()

@@ -12,7 +12,6 @@ import json
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,10 +30,10 @@ from draftlab.model.hidden import OfflineHidden, precompute_hidden
 from draftlab.model.target import autocast, avoid_cudnn_attention, load_target, resolve_device
 from draftlab.train_draft.checkpoint import (
     Logs,
-    _optimizer_state,
-    _tuple,
+    check_same_recipe,
     find_checkpoint,
     remove_checkpoint_temps,
+    restore_checkpoint,
     save_checkpoint,
     summarize,
 )
@@ -61,8 +60,11 @@ def tokenized(cfg: TrainConfig, tokenizer):
     there: ((train dataset, stats), (val dataset, stats), or (None, None) without a val file)."""
     cache = cfg.token_cache_dir()
     train = load_tokenized(cfg.train_file, tokenizer, cfg.max_len, cfg.overlong, cache, cfg.max_train_samples or None)
-    val = (load_tokenized(cfg.val_file, tokenizer, cfg.max_len, cfg.overlong, cache, cfg.max_val_samples or None)
-           if cfg.val_file else (None, None))
+    val = (
+        load_tokenized(cfg.val_file, tokenizer, cfg.max_len, cfg.overlong, cache, cfg.max_val_samples or None)
+        if cfg.val_file
+        else (None, None)
+    )
     return train, val
 
 
@@ -122,22 +124,25 @@ class TrainingRun:
         if cfg.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
         if cfg.fc_norm not in FC_NORMS or (cfg.fc_norm != "none" and cfg.arch != "eagle3"):
-            raise ValueError(f"fc_norm = {cfg.fc_norm!r}, expected one of {list(FC_NORMS)} (eagle3 only: eagle1 "
-                             "has no fc)")
+            raise ValueError(
+                f"fc_norm = {cfg.fc_norm!r}, expected one of {list(FC_NORMS)} (eagle3 only: eagle1 has no fc)"
+            )
         if not cfg.train_file:
             raise RecordError("train_file is not set (--train-file: canonical conversations, JSONL)")
         for name in ("train_file", "val_file"):
             path = Path(getattr(cfg, name)) if getattr(cfg, name) else None
             if path is not None and not path.is_file():
                 what = "is a folder" if path.is_dir() else "does not exist"
-                raise RecordError(f"{path}: {name} {what}; it must be a JSONL file of conversations "
-                                  "(notebook 03_regenerate writes data/regen/train.jsonl)")
+                raise RecordError(
+                    f"{path}: {name} {what}; it must be a JSONL file of conversations "
+                    "(notebook 03_regenerate writes data/regen/train.jsonl)"
+                )
         if self.resume:
             try:
                 ck = find_checkpoint(cfg.out_dir)
             except FileNotFoundError:
                 return
-            _check_same_recipe(ck, cfg)
+            check_same_recipe(ck, cfg)
 
     def setup_device(self) -> None:
         cfg = self.cfg
@@ -184,9 +189,14 @@ class TrainingRun:
         self.counts = token_counts(self.train_ds, target.vocab_size)
         self.draft_ids = build_draft_vocab(self.counts, cfg.draft_vocab_size)
         self.layers = list(cfg.capture_layers) or target.capture_layers
-        dcfg = draft_config_for_target(target.config, draft_vocab_size=cfg.draft_vocab_size, capture_layers=self.layers,
-                                       intermediate_size=cfg.intermediate_size or None, use_aux=cfg.arch == "eagle3",
-                                       fc_norm=cfg.fc_norm)
+        dcfg = draft_config_for_target(
+            target.config,
+            draft_vocab_size=cfg.draft_vocab_size,
+            capture_layers=self.layers,
+            intermediate_size=cfg.intermediate_size or None,
+            use_aux=cfg.arch == "eagle3",
+            fc_norm=cfg.fc_norm,
+        )
         draft = Eagle3Draft(dcfg, target.model.get_input_embeddings())
         draft.set_vocab(self.draft_ids)
         if cfg.init_from_target:
@@ -207,15 +217,32 @@ class TrainingRun:
         use_aux = cfg.arch == "eagle3"
         if cfg.hidden == "offline":
             hdtype = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32}.get(
-                cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None))
+                cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None)
+            )
             hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else self.out_dir.parent / "hidden"
             shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
             if self.is_main:
-                precompute_hidden(target, self.train_ds, hdir / "train", layers, store_aux=True, dtype=hdtype,
-                                  batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+                precompute_hidden(
+                    target,
+                    self.train_ds,
+                    hdir / "train",
+                    layers,
+                    store_aux=True,
+                    dtype=hdtype,
+                    batch_tokens=cfg.batch_tokens,
+                    shard_tokens=shard,
+                )
                 if self.val_ds is not None:
-                    precompute_hidden(target, self.val_ds, hdir / "val", layers, store_aux=True, dtype=hdtype,
-                                      batch_tokens=cfg.batch_tokens, shard_tokens=shard)
+                    precompute_hidden(
+                        target,
+                        self.val_ds,
+                        hdir / "val",
+                        layers,
+                        store_aux=True,
+                        dtype=hdtype,
+                        batch_tokens=cfg.batch_tokens,
+                        shard_tokens=shard,
+                    )
             if self.world > 1:
                 torch.distributed.barrier()
             offline = OfflineHidden(hdir / "train", self.train_ds)
@@ -229,13 +256,15 @@ class TrainingRun:
     def build_optimizer(self) -> None:
         """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
         cfg = self.cfg
-        self.objective = TTTObjective(self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head,
-                                      cfg.compile)
+        self.objective = TTTObjective(
+            self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head, cfg.compile
+        )
         self.model = self.objective
         if self.world > 1:
             # Buffers (d2t, t2d, rope) are identical on every rank by construction: no per-step broadcast.
             self.model = nn.parallel.DistributedDataParallel(
-                self.objective, device_ids=[self.local_rank] if self.device.startswith("cuda") else None,
+                self.objective,
+                device_ids=[self.local_rank] if self.device.startswith("cuda") else None,
                 broadcast_buffers=False,
             )
         self.params = [p for p in self.draft.parameters() if p.requires_grad]
@@ -244,10 +273,13 @@ class TrainingRun:
         self.plans = epoch_plans(self.lengths, cfg, self.per_step)
         self.total_steps = sum(s for _, _, s in self.plans)
         if self.total_steps == 0:
-            raise ValueError(f"{cfg.train_file}: {len(self.lengths)} samples give no full step of {self.per_step} "
-                             "batches; lower batch_tokens or add data")
-        self.sched = get_cosine_schedule_with_warmup(self.opt, max(1, round(cfg.warmup_ratio * self.total_steps)),
-                                                     self.total_steps)
+            raise ValueError(
+                f"{cfg.train_file}: {len(self.lengths)} samples give no full step of {self.per_step} "
+                "batches; lower batch_tokens or add data"
+            )
+        self.sched = get_cosine_schedule_with_warmup(
+            self.opt, max(1, round(cfg.warmup_ratio * self.total_steps)), self.total_steps
+        )
         # step -> (epoch, its epoch's plan, index of its first batch within the epoch)
         self.where = [(e, plan, j) for e, plan, steps in self.plans for j in range(steps)]
 
@@ -263,8 +295,8 @@ class TrainingRun:
             ck = find_checkpoint(self.out_dir)
         except FileNotFoundError:
             return
-        _check_same_recipe(ck, self.cfg)
-        self.step = _restore(ck, self.draft, self.opt, self.sched, self.device)
+        check_same_recipe(ck, self.cfg)
+        self.step = restore_checkpoint(ck, self.draft, self.opt, self.sched, self.device)
         state = json.loads((ck / "state.json").read_text())
         self.prior_s = float(state.get("train_elapsed_s", 0.0))
         self.prior_tokens = state.get("train_tokens_seen", None if self.prior_s else 0)
@@ -306,7 +338,7 @@ class TrainingRun:
         stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
         vplan = plan_epoch([len(x) for x in self.val_ds["input_ids"]], cfg.batch_tokens, cfg.max_batch, cfg.seed, -1)
         with torch.no_grad(), autocast(self.device), attention_kernel(cfg.attention), self.objective.eager():
-            for b in vplan[self.rank::self.world]:
+            for b in vplan[self.rank :: self.world]:
                 stats += self.objective(*self.batch_tensors(b, self.feats_val))[1].float()
         _all_reduce(stats)
         draft.train()
@@ -314,8 +346,13 @@ class TrainingRun:
 
     def where_now(self, epoch, j) -> dict:
         """What a checkpoint records besides the tensors: data position, training seconds and tokens so far."""
-        return {"epoch": epoch, "batch_in_epoch": j + 1, "total_steps": self.total_steps,
-                "train_elapsed_s": self.prior_s + time.time() - self.t0, "train_tokens_seen": self.tokens_so_far()}
+        return {
+            "epoch": epoch,
+            "batch_in_epoch": j + 1,
+            "total_steps": self.total_steps,
+            "train_elapsed_s": self.prior_s + time.time() - self.t0,
+            "train_tokens_seen": self.tokens_so_far(),
+        }
 
     def tokens_so_far(self) -> int | None:
         """Non-padding tokens trained on over every call of this run (None: an old checkpoint lacks them)."""
@@ -324,7 +361,7 @@ class TrainingRun:
     def train_step(self, epoch, plan, j):
         """One optimizer step over this rank's grad_accum micro-batches; its summed stats."""
         cfg, world = self.cfg, self.world
-        chunk = plan[j * self.per_step:(j + 1) * self.per_step]
+        chunk = plan[j * self.per_step : (j + 1) * self.per_step]
         mine = [chunk[a * world + self.rank] for a in range(cfg.grad_accum)]
         step_stats = torch.zeros(cfg.ttt_steps, 4, device=self.device)
         for a, b in enumerate(mine):
@@ -348,9 +385,14 @@ class TrainingRun:
         cfg, step, total = self.cfg, self.step, self.total_steps
         if self.is_main and (step % cfg.log_every == 0 or step == total):
             dt = time.time() - self.t0
-            row = {"step": step, "epoch": round(epoch + (j + 1) / max(1, len(plan) // self.per_step), 4),
-                   "lr": self.sched.get_last_lr()[0], **summarize(self.window, cfg.step_decay),
-                   "tokens_per_s": self.tok_seen * self.world / max(dt, 1e-9), "elapsed_s": dt}
+            row = {
+                "step": step,
+                "epoch": round(epoch + (j + 1) / max(1, len(plan) // self.per_step), 4),
+                "lr": self.sched.get_last_lr()[0],
+                **summarize(self.window, cfg.step_decay),
+                "tokens_per_s": self.tok_seen * self.world / max(dt, 1e-9),
+                "elapsed_s": dt,
+            }
             self.logs.log("train", row)
             self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.3f}")
             self.window.zero_()
@@ -388,8 +430,9 @@ class TrainingRun:
         self.logs = Logs(self.out_dir, self.step) if self.is_main else None
         self.t2d, self.dids = self.draft.t2d, self.draft.draft_ids()
         self.draft.train()
-        self.bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc=f"train {cfg.arch}",
-                        disable=not self.is_main)
+        self.bar = tqdm(
+            total=self.total_steps, initial=self.step, unit="step", desc=f"train {cfg.arch}", disable=not self.is_main
+        )
         self.t0, self.tok_seen, self.window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
         self.last_eval, self.started = None, self.step
         if self.val_ds is not None and self.step == 0:  # the untrained draft: the baseline of the curves
@@ -411,53 +454,30 @@ class TrainingRun:
         if self.last_eval is None and self.val_ds is not None and self.step >= self.total_steps:
             self.last_eval = {"step": self.step, **self.evaluate()}  # resumed a finished run
         elapsed, tokens = time.time() - self.t0, self.tokens_so_far()
-        result = {"draft": self.draft, "target": self.target, "out_dir": self.out_dir, "steps": self.step,
-                  "total_steps": self.total_steps, "finished": self.step >= self.total_steps, "eval": self.last_eval,
-                  "train_stats": self.train_stats, "val_stats": self.val_stats, "elapsed_s": elapsed,
-                  "elapsed_total_s": self.prior_s + elapsed, "resumed_from_step": self.started or None,
-                  "hidden_precompute_s": self.phases["hidden"],
-                  "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),  # this call's (with its warm-up)
-                  "tokens_per_s_all_calls": None if tokens is None else tokens / max(self.prior_s + elapsed, 1e-9),
-                  "train_tokens": sum(self.lengths), "vocab_coverage": coverage(self.counts, self.draft_ids),
-                  "world": self.world}
+        result = {
+            "draft": self.draft,
+            "target": self.target,
+            "out_dir": self.out_dir,
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "finished": self.step >= self.total_steps,
+            "eval": self.last_eval,
+            "train_stats": self.train_stats,
+            "val_stats": self.val_stats,
+            "elapsed_s": elapsed,
+            "elapsed_total_s": self.prior_s + elapsed,
+            "resumed_from_step": self.started or None,
+            "hidden_precompute_s": self.phases["hidden"],
+            "tokens_per_s": self.tok_seen * self.world / max(elapsed, 1e-9),  # this call's (with its warm-up)
+            "tokens_per_s_all_calls": None if tokens is None else tokens / max(self.prior_s + elapsed, 1e-9),
+            "train_tokens": sum(self.lengths),
+            "vocab_coverage": coverage(self.counts, self.draft_ids),
+            "world": self.world,
+        }
         if self.is_main:
-            atomic_write_json(self.out_dir / "summary.json",
-                              {k: v for k, v in result.items() if k not in ("draft", "target", "out_dir")}, indent=1)
+            atomic_write_json(
+                self.out_dir / "summary.json",
+                {k: v for k, v in result.items() if k not in ("draft", "target", "out_dir")},
+                indent=1,
+            )
         return result
-
-
-# Settings that may change between a run and its resumption (they do not change the result).
-RESUME_FREE = ("stop_after", "stop_at", "eval_every", "save_every", "log_every", "keep_checkpoints", "threads",
-               "device", "hidden", "hidden_dir", "max_val_samples", "val_file", "pad_multiple", "attention",
-               "recompute_head", "compile", "token_cache")
-
-
-def _check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
-    """RecordError (one line from `draftlab train`) when the checkpoint was trained with another recipe."""
-    try:
-        old = json.loads((ck / "state.json").read_text())["train_config"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise RecordError(f"{ck / 'state.json'}: not a training checkpoint's state ({exc!r}); use another out_dir "
-                          f"or delete {ck} to start afresh") from None
-    new, defaults = asdict(cfg), asdict(TrainConfig())  # a setting added since the checkpoint: its default
-    diff = {k: (old.get(k, defaults[k]), new[k]) for k in new
-            if k not in RESUME_FREE and old.get(k, defaults[k]) != new[k]}
-    if diff:
-        raise RecordError(f"{ck}: was trained with other settings {diff} (old, new); use another out_dir or "
-                         f"delete {ck.parent} to start afresh")
-
-
-def _restore(ck: Path, draft, opt, sched, device) -> int:
-    from safetensors.torch import load_file
-
-    state = json.loads((ck / "state.json").read_text())
-    draft.load_state_dict({k: v.to(device) for k, v in load_file(str(ck / "draft.safetensors")).items()})
-    tensors = load_file(str(ck / "optimizer.safetensors"))
-    opt.load_state_dict(_optimizer_state({k: v.to(device) if not k.endswith(".step") else v
-                                          for k, v in tensors.items()}, state["optimizer"]))
-    sched.load_state_dict(state["scheduler"])
-    torch.set_rng_state(tensors["rng.torch"])
-    if "rng.cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state(tensors["rng.cuda"])
-    random.setstate(_tuple(state["python_random"]))
-    return int(state["step"])

@@ -42,7 +42,7 @@ def plan_epoch(lengths: list[int], batch_tokens: int, max_batch: int, seed: int,
     chunk = max(256, 16 * max_batch)
     for c in range(0, len(perm), chunk):
         cur, longest = [], 0
-        for i in sorted(perm[c:c + chunk], key=lambda k: lengths[k]):
+        for i in sorted(perm[c : c + chunk], key=lambda k: lengths[k]):
             if cur and (max(longest, lengths[i]) * (len(cur) + 1) > batch_tokens or len(cur) >= max_batch):
                 batches.append(cur)
                 cur, longest = [], 0
@@ -94,8 +94,12 @@ def attention_kernel(name: str):
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[name]
+    backend = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
     return sdpa_kernel([backend])
 
 
@@ -116,8 +120,15 @@ class TTTObjective(nn.Module):
     the draft's unroll step and the step loss (dynamic shapes); the same arithmetic, fused.
     """
 
-    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, loss: str = "soft", recompute_head: bool = True,
-                 compile: bool = False):
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        steps: int,
+        decay: float,
+        loss: str = "soft",
+        recompute_head: bool = True,
+        compile: bool = False,
+    ):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss = {loss!r}, expected one of {list(LOSSES)}")
@@ -159,8 +170,9 @@ class TTTObjective(nn.Module):
         loss = (ce * trained).sum() / n.clamp(min=1)
         with torch.no_grad():
             correct = (self.draft.to_target_ids(logits.argmax(-1)) == top).sum()
-            st = torch.stack([(ce.detach() * trained).sum(), n, correct.float(),
-                              torch.tensor(float(top.numel()), device=n.device)])
+            st = torch.stack(
+                [(ce.detach() * trained).sum(), n, correct.float(), torch.tensor(float(top.numel()), device=n.device)]
+            )
         return loss, st
 
     def forward(self, feats, input_ids, valid, targets: "Targets"):
@@ -185,7 +197,7 @@ class TTTObjective(nn.Module):
                 loss_i, st = torch.utils.checkpoint.checkpoint(self.step_loss, *args, use_reentrant=False)
             else:
                 loss_i, st = self.step_loss(*args)
-            total = total + (self.decay ** i) * loss_i
+            total = total + (self.decay**i) * loss_i
             stats.append(st)
         return total, torch.stack(stats)
 
@@ -233,11 +245,11 @@ def targets_at(target, last, pred_mask, draft_ids, t2d, top=None, chunk: int = 8
     d_parts, top_parts = [], []
     for s in range(0, flat.shape[0], chunk):
         if top is None:
-            full = logits_from_last(target, flat[s:s + chunk])  # [n,V]
+            full = logits_from_last(target, flat[s : s + chunk])  # [n,V]
             top_parts.append(full.argmax(-1))
             d_parts.append(full[:, draft_ids])
         else:
-            d_parts.append(logits_from_last(target, flat[s:s + chunk], vocab_ids=draft_ids))  # [n,Vd]
+            d_parts.append(logits_from_last(target, flat[s : s + chunk], vocab_ids=draft_ids))  # [n,Vd]
     logits = torch.cat(d_parts) if d_parts else flat.new_zeros(0, len(draft_ids))
     if top is not None:
         top = top.reshape(-1)[at.to(top.device)].to(flat.device)

@@ -111,8 +111,9 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
     if len(set(archs)) != len(archs) or len({c.out_dir for c in cfgs}) != len(cfgs):
         raise ValueError(f"side-by-side training needs one config per arch and folder, got {archs}")
     if any(c.hidden == "offline" for c in cfgs):
-        raise ValueError("side-by-side training needs hidden='online' (offline shards would be written by every "
-                         "process)")
+        raise ValueError(
+            "side-by-side training needs hidden='online' (offline shards would be written by every process)"
+        )
     tokenize_first(cfgs, target)
     env = child_env(len(cfgs))
     procs = {}
@@ -120,9 +121,17 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
         out = Path(c.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "train.log", "a")
-        procs[c.arch] = (subprocess.Popen([sys.executable, "-m", "draftlab.cli", "train", *cli_args(c, resume)],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None), log, out)
+        procs[c.arch] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "draftlab.cli", "train", *cli_args(c, resume)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            ),
+            log,
+            out,
+        )
     bar = tqdm(desc="train " + " + ".join(archs), unit="step")
     try:
         while any(p.poll() is None for p, _, _ in procs.values()):
@@ -143,8 +152,10 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
     failed = {a: out for a, (p, _, out) in procs.items() if p.returncode != 0}
     if failed:
         tails = {a: (out / "train.log").read_text(errors="replace")[-2000:] for a, out in failed.items()}
-        raise RuntimeError("side-by-side training failed: " + "; ".join(f"{a} ({failed[a] / 'train.log'}):\n{t}"
-                                                                       for a, t in tails.items()))
+        raise RuntimeError(
+            "side-by-side training failed: "
+            + "; ".join(f"{a} ({failed[a] / 'train.log'}):\n{t}" for a, t in tails.items())
+        )
     results = {}
     for c in cfgs:
         out = Path(c.out_dir)

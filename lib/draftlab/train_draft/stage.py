@@ -30,11 +30,13 @@ def training_inputs(run_dir, val_samples: int, seed: int) -> tuple[Path, Path]:
 def train_configs(run_dir, archs, recipe: dict) -> dict:
     """One TrainConfig per architecture, each in RUN_DIR/train/<arch>; the recipe's norm before fc
     (fc_norm) goes to eagle3 only, the one architecture with an fc."""
+
     def for_arch(arch):
         return {**recipe, "fc_norm": recipe.get("fc_norm", "none") if arch == "eagle3" else "none"}
 
-    return {arch: TrainConfig(**for_arch(arch), arch=arch, out_dir=str(Path(run_dir) / "train" / arch))
-            for arch in archs}
+    return {
+        arch: TrainConfig(**for_arch(arch), arch=arch, out_dir=str(Path(run_dir) / "train" / arch)) for arch in archs
+    }
 
 
 def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume: bool, export_dtype: str):
@@ -52,8 +54,9 @@ def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume:
         if arch not in results:  # one after the other, each exported as soon as it is trained
             results[arch] = train(cfg, resume=resume, target=target)
         out = Path(run_dir) / "drafts" / arch
-        export_draft(results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings,
-                     dtype=export_dtype)
+        export_draft(
+            results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings, dtype=export_dtype
+        )
         exports[arch] = validate(out, target, allow_eagle1=arch == "eagle1")
         verdict = "conforms to the contract" if not exports[arch] else str(exports[arch])
         print(f"{arch}: exported to {out}: {verdict}")
@@ -63,13 +66,18 @@ def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume:
 def summary(results: dict) -> dict:
     """The notebook's table: one column per arch."""
     return {
-        arch: {"steps": r["steps"], "train conversations": r["train_stats"]["kept"],
-               "truncated": r["train_stats"]["truncated"],
-               "dropped (overlong / no assistant)": f"{r['train_stats']['dropped_overlong']} / "
-                                                    f"{r['train_stats']['dropped_no_assistant']}",
-               "train tokens": r["train_tokens"], "vocab coverage": round(r["vocab_coverage"], 4),
-               "wall s (this call)": round(r["elapsed_s"], 1), "wall s (all calls)": round(r["elapsed_total_s"], 1),
-               **{k: round(v, 4) for k, v in (r["eval"] or {}).items() if k != "step"}}
+        arch: {
+            "steps": r["steps"],
+            "train conversations": r["train_stats"]["kept"],
+            "truncated": r["train_stats"]["truncated"],
+            "dropped (overlong / no assistant)": f"{r['train_stats']['dropped_overlong']} / "
+            f"{r['train_stats']['dropped_no_assistant']}",
+            "train tokens": r["train_tokens"],
+            "vocab coverage": round(r["vocab_coverage"], 4),
+            "wall s (this call)": round(r["elapsed_s"], 1),
+            "wall s (all calls)": round(r["elapsed_total_s"], 1),
+            **{k: round(v, 4) for k, v in (r["eval"] or {}).items() if k != "step"},
+        }
         for arch, r in results.items()
     }
 
@@ -77,11 +85,21 @@ def summary(results: dict) -> dict:
 def metrics(results: dict, exports: dict, run_dir, settings: dict) -> dict:
     """metrics.json's 04 section, per arch."""
     return {
-        arch: {"eval": r["eval"], "steps": r["steps"], "finished": r["finished"], "train_stats": r["train_stats"],
-               "val_stats": r["val_stats"], "train_tokens": r["train_tokens"], "vocab_coverage": r["vocab_coverage"],
-               "elapsed_s": r["elapsed_s"], "elapsed_total_s": r["elapsed_total_s"],
-               "resumed_from_step": r["resumed_from_step"], "tokens_per_s": r["tokens_per_s"],
-               "export_dir": str(Path(run_dir) / "drafts" / arch), "export_deviations": exports[arch],
-               "settings": settings}
+        arch: {
+            "eval": r["eval"],
+            "steps": r["steps"],
+            "finished": r["finished"],
+            "train_stats": r["train_stats"],
+            "val_stats": r["val_stats"],
+            "train_tokens": r["train_tokens"],
+            "vocab_coverage": r["vocab_coverage"],
+            "elapsed_s": r["elapsed_s"],
+            "elapsed_total_s": r["elapsed_total_s"],
+            "resumed_from_step": r["resumed_from_step"],
+            "tokens_per_s": r["tokens_per_s"],
+            "export_dir": str(Path(run_dir) / "drafts" / arch),
+            "export_deviations": exports[arch],
+            "settings": settings,
+        }
         for arch, r in results.items()
     }

@@ -53,5 +53,13 @@ def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
 
 
 def save_vocab(path, draft_ids: torch.Tensor, counts: torch.Tensor) -> None:
-    Path(path).write_text(json.dumps({"draft_ids": draft_ids.tolist(), "coverage": coverage(counts, draft_ids),
-                                      "distinct_seen": int((counts > 0).sum()), "tokens": int(counts.sum())}))
+    Path(path).write_text(
+        json.dumps(
+            {
+                "draft_ids": draft_ids.tolist(),
+                "coverage": coverage(counts, draft_ids),
+                "distinct_seen": int((counts > 0).sum()),
+                "tokens": int(counts.sum()),
+            }
+        )
+    )
