@@ -1,6 +1,6 @@
-"""Checks of the draft's own config keys against the target's (docs/eagle3-contract.md 2): the rotary
-embedding and tied embeddings. Both load without an error in SGLang when they disagree, and both shift what
-the draft computes, so acceptance falls with no message.
+"""Checks of two config keys that change what the draft computes without changing a tensor's shape
+(docs/eagle3-contract.md 2): the rotary embedding against the target's, and tie_word_embeddings (a tied draft
+ignores its trained lm_head). No shape check catches either; acceptance falls instead.
 """
 
 from __future__ import annotations
