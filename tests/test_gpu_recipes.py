@@ -309,8 +309,16 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
         assert f.read() == (data / "extra-regen.jsonl").read_bytes()
     grown = (data / "train-data2x.jsonl").read_text().splitlines()
     assert len(grown) == 32 + 21612 and not (data / "train-fcnorm.jsonl").exists()
+    children = []
+    spawn = gpu_recipes.until
+    monkeypatch.setattr(gpu_recipes, "until", lambda argv, *a, **kw: children.append(argv) or spawn(argv, *a, **kw))
     assert gpu_recipes.run_phase(call, "regen", k) == DONE  # done: nothing regenerated again
     assert len(logged(tmp_path)) == 3
+    assert not any("grow" in map(str, argv) for argv in children)  # these rows' files are grown: no child
+    k.rows = ["data2x", "best-data2x"]  # a row not seen yet: grow runs (a no-op: they share the file)
+    assert gpu_recipes.stage_data(call, k)
+    assert sum("grow" in map(str, argv) for argv in children) == 1
+    assert json.loads((data / "grown-rows.json").read_text()) == ["best-data2x", "data2x", "fcnorm"]
 
 
 def test_one_call_runs_several_phases_in_order(call, tmp_path, monkeypatch, capsys):

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftlab.core.files import atomic_write_json
 from draftlab.run import gpu_call, gpu_pack, gpu_sglang
 from draftlab.run.gpu_call import CUT, Call, until, unxz, written
 
@@ -168,7 +169,9 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
         tracked = call.repo / EXTRA_REGENERATED
         if not written(regenerated(call)) and tracked.is_file():
             unxz(tracked, regenerated(call))
-        if written(regenerated(call)):  # the data-volume rows' own train files, once
+        grown = data / "grown-rows.json"  # the rows `recipes grow` has already seen (it is ~10 s even as a no-op)
+        seen = set(json.loads(grown.read_text())) if grown.is_file() else set()
+        if written(regenerated(call)) and not set(knobs.rows) <= seen:  # the data-volume rows' own train files
             argv = call.cli(
                 "recipes",
                 "grow",
@@ -182,6 +185,7 @@ def stage_data(call: Call, knobs: Knobs) -> bool:
             if until(argv, call.deadline - 30) != DONE:
                 call.say("FAILED: the data-volume rows' train files (draftlab recipes grow)")
                 return False
+            atomic_write_json(grown, sorted(seen | set(knobs.rows)))
         for row, (draft, run) in drafts.items():
             staged = study_dir(call) / row
             if not (staged / "draft/model.safetensors").is_file():
