@@ -18,11 +18,10 @@
 # not start SGLang (2026-12-02: a machine taken back mid-call cost the whole cargo).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TRAIN_ITEMS=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl .device/drafts/eagle3)
+TARGET=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl)  # the embedded target, the wheels
 case ${CARGO:-all} in
-  all) ITEMS=("${TRAIN_ITEMS[@]:0:4}" .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4
-              .device/drafts) ;;
-  train) ITEMS=("${TRAIN_ITEMS[@]}") ;;
+  all) ITEMS=("${TARGET[@]}" .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts) ;;
+  train) ITEMS=("${TARGET[@]}" .device/drafts/eagle3) ;;
   *) echo "cargo: CARGO=${CARGO} (expected all or train)" >&2; exit 2 ;;
 esac
 LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
