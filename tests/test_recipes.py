@@ -338,6 +338,12 @@ def test_combined_table_compares_each_row_with_its_own_studys_base(tmp_path):
         recipes.combined_table([measured_study(tmp_path / "nobase", {"fcnorm": 30})])
 
 
+def test_plot_labels_say_the_batch_of_a_row_read_at_another_concurrency_than_base():
+    df = pd.DataFrame({"row": ["base", "n1351", "best-data2x"], "acceptance_concurrency": [16, 1, 16]})
+    assert recipes.row_labels(df) == ["base", "n1351\n(batch 1)", "best-data2x"]
+    assert recipes.row_labels(df[df["row"] != "base"]) == ["n1351", "best-data2x"]  # no base: nothing to compare
+
+
 def test_set_values_take_each_settings_type():
     assert TrainConfig.from_text(
         [("compile", "true"), ("save_every", "100"), ("lr", "1e-3"), ("device", "cuda"), ("recompute_head", "false")]

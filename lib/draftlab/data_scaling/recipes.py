@@ -406,6 +406,16 @@ def write_combined(studies: list[Path], out: Path) -> pd.DataFrame:
     return df
 
 
+def row_labels(df: pd.DataFrame) -> list[str]:
+    """The plot's row names; acceptance moves with the batch, so a row read at another concurrency than base
+    says which."""
+    base_c = set(df.loc[df["row"] == "base", "acceptance_concurrency"])
+    return [
+        f"{row}\n(batch {c:g})" if base_c and pd.notna(c) and c not in base_c else row
+        for row, c in zip(df["row"], df["acceptance_concurrency"])
+    ]
+
+
 def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
     """Acceptance in SGLang per row (held-out and HumanEval bars), the reference recipe's and the goal as lines."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
@@ -425,7 +435,10 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
             label="base, held-out",
         )
     ax.axhline(goal, color="green", ls="-.", lw=1, label=f"goal {goal:g} (issue 18)")
-    ax.set_xticks(list(x), df["row"])
+    for i, value in zip(x, df["sglang_acceptance_held_out"]):
+        if pd.isna(value):  # trained but never measured in SGLang: say so rather than draw an empty slot
+            ax.text(i, 0.1, "not measured\nin SGLang", ha="center", fontsize=8, rotation=90)
+    ax.set_xticks(list(x), row_labels(df))
     ax.set_ylim(0, 1.25 * max(goal, float(df["sglang_acceptance_held_out"].max())))  # room for the legend
     ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
     ax.set_title("recipe study: one row per recipe\n(measured in SGLang 0.5.17, one H200)")
