@@ -5,6 +5,7 @@ this interpreter. What is tested: the study's resume, the oracle loop and its de
 back, the background training, and sglang.sh's exit codes through the thin wrapper."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import stat
@@ -155,18 +156,42 @@ def test_after_with_too_little_time_for_the_study_asks_for_another_call(call, tm
     assert [r[0] for r in logged(tmp_path)] == ["install"] and (call.out / "sglang-results.tar.gz").is_file()
 
 
+def published_run(root: Path, weights: bytes, knobs: Knobs) -> None:
+    """A published run as ORACLE_FROM expects it: RUN/sglang's oracle rows and RUN/draft/eagle3.sha256."""
+    (root / "sglang").mkdir(parents=True)
+    (root / "draft").mkdir()
+    for name, _ in knobs.oracle_specs():
+        (root / "sglang" / f"oracle_{name}.json").write_text("[]")
+    digest = hashlib.sha256(weights).hexdigest()
+    (root / "draft/eagle3.sha256").write_text(f"{digest}  model.safetensors\n")
+
+
 def test_after_a_published_draft_reuses_the_published_oracle_rows(call, tmp_path, monkeypatch):
     draft = tmp_path / "published"
     draft.mkdir()
     (draft / "model.safetensors").write_bytes(b"w")
     monkeypatch.setattr(gpu_sglang.gpu_call, "ensure_all", lambda c: True)  # the set-up: tested in test_gpu_call
-    knobs = Knobs.from_env(call, env={"DRAFT": str(draft), "STUDY_ARGS": "--chain 6 --trees none"})
+    env = {"DRAFT": str(draft), "STUDY_ARGS": "--chain 6 --trees none", "ORACLE_FROM": str(tmp_path / "run/sglang")}
+    knobs = Knobs.from_env(call, env=env)
+    published_run(tmp_path / "run", b"w", knobs)
     assert gpu_sglang.after(call, knobs) == DONE
     assert (call.run / "data/blend/test.jsonl").read_text().count("\n") > 100  # from the tracked EVAL_XZ
     runs = logged(tmp_path)
     assert [r[0] for r in runs] == ["install", "sglang"]  # the four oracle rows came from ORACLE_FROM
     assert runs[1][runs[1].index("--chain") + 1] == "6" and runs[1][runs[1].index("--trees") + 1] == "none"
     assert runs[1][runs[1].index("--draft") + 1] == str(draft)
+
+
+def test_after_another_draft_measures_the_oracle_rows_anew(call, tmp_path, monkeypatch, capsys):
+    draft = tmp_path / "other"
+    draft.mkdir()
+    (draft / "model.safetensors").write_bytes(b"another draft's weights")
+    monkeypatch.setattr(gpu_sglang.gpu_call, "ensure_all", lambda c: True)
+    knobs = Knobs.from_env(call, env={"DRAFT": str(draft), "ORACLE_FROM": str(tmp_path / "run/sglang")})
+    published_run(tmp_path / "run", b"w", knobs)
+    assert gpu_sglang.after(call, knobs) == DONE
+    assert [r[0] for r in logged(tmp_path)] == ["install", "sglang", "specdec", "specdec", "specdec", "specdec"]
+    assert "measured another draft" in capsys.readouterr().out
 
 
 def test_wait_training_fails_when_04_stopped_and_waits_while_it_runs(call, capsys):

@@ -9,7 +9,8 @@ the blend regenerated through an SGLang server (notebook 03) and the draft train
     after      wait for 04 (exit 3 while it runs), send the draft and the regenerated set back (once),
                then the study (a whole call) and the engine's oracle runs; results packed every call.
                DRAFT=<a published draft>: nothing trained, the held-out split from EVAL_XZ, the
-               published oracle rows of ORACLE_FROM reused.
+               published oracle rows of ORACLE_FROM reused when DRAFT is the draft that run published
+               (its draft/eagle3.sha256), measured anew otherwise.
     notebooks  a published run (PUBLISHED) re-executed with its draft: STAGES_NOTEBOOKS ("00 05 06") as
                step.sh runs them (P<NN> overrides), then packed as step.sh packs (OUT/reference.tar.gz)
     oracle     the oracle gap on SAMPLES prompts: the engine (chain S=6, tree 5x4x8), then a batch-1
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftlab.core.process import alive
+from draftlab.model.target import sha256_of
 from draftlab.run import gpu_call, gpu_pack, gpu_regen, gpu_stages
 from draftlab.run.gpu_call import Call, until, unxz, written
 from draftlab.run.gpu_steps import stage_done
@@ -164,10 +166,26 @@ def measurement_only(call: Call, knobs: Knobs) -> bool:
         except (OSError, lzma.LZMAError) as exc:
             call.say(f"FAILED: {knobs.eval_xz}: {exc}")
             return False
-    for f in (call.repo / knobs.oracle_from).glob("oracle_*.json"):
+    published = (call.repo / knobs.oracle_from).parent  # ORACLE_FROM is RUN/sglang of a published run
+    rows = sorted((call.repo / knobs.oracle_from).glob("oracle_*.json"))
+    if rows and not is_published_draft(knobs.draft, published):
+        call.say(f"oracle: {knobs.oracle_from}'s rows measured another draft than {knobs.draft}: measured anew")
+        return True
+    sglang_dir(call).mkdir(parents=True, exist_ok=True)
+    for f in rows:
         if not (sglang_dir(call) / f.name).exists():
             shutil.copyfile(f, sglang_dir(call) / f.name)
     return True
+
+
+def is_published_draft(draft: Path, run: Path) -> bool:
+    """Whether `draft`'s weights are the ones `run` published (RUN/draft/eagle3.sha256): the engine's oracle
+    rows of one draft must not stand beside SGLang's figures of another."""
+    listed = run / "draft/eagle3.sha256"
+    if not (listed.is_file() and (draft / "model.safetensors").is_file()):
+        return False
+    digests = {name: digest for digest, name in (line.split() for line in listed.read_text().splitlines() if line)}
+    return digests.get("model.safetensors") == sha256_of(draft / "model.safetensors")
 
 
 # ---- 04 in the background ----------------------------------------------------------------------------
