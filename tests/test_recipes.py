@@ -11,7 +11,7 @@ from tests.test_train import write_fixture
 
 from draftlab.benchmark_acceptance.sglang_live import slug
 from draftlab.core.records import append_jsonl
-from draftlab.data_scaling import recipe_rows, recipe_speed, recipes
+from draftlab.data_scaling import recipe_figures, recipe_rows, recipe_speed, recipes
 from draftlab.train_draft import TrainConfig
 
 SMOKE = {
@@ -340,8 +340,8 @@ def test_combined_table_compares_each_row_with_its_own_studys_base(tmp_path):
 
 def test_plot_labels_say_the_batch_of_a_row_read_at_another_concurrency_than_base():
     df = pd.DataFrame({"row": ["base", "n1351", "best-data2x"], "acceptance_concurrency": [16, 1, 16]})
-    assert recipes.row_labels(df) == ["base", "n1351\n(batch 1)", "best-data2x"]
-    assert recipes.row_labels(df[df["row"] != "base"]) == ["n1351", "best-data2x"]  # no base: nothing to compare
+    assert recipe_figures.row_labels(df) == ["base", "n1351\n(batch 1)", "best-data2x"]
+    assert recipe_figures.row_labels(df[df["row"] != "base"]) == ["n1351", "best-data2x"]  # no base: nothing to compare
 
 
 def test_set_values_take_each_settings_type():
