@@ -45,4 +45,5 @@ def test_client_cpu_per_row_does_not_grow_with_concurrency(high, tmp_path):
     _, low = _run(tmp_path / "low", rows=512, concurrency=16, delay=0.05)
     _, cpu_high = high
     print(f"client CPU per row: {1e3 * low:.2f} ms at concurrency 16, {1e3 * cpu_high:.2f} ms at 1024")
-    assert cpu_high < 2.0 * low, (low, cpu_high)
+    # O(C) CPU a row would make it ~64x (C: 16 -> 1024); 2x was crossed by noise once (0.96 vs 1.94 ms, 2026-12-02)
+    assert cpu_high < 3.0 * low, (low, cpu_high)
