@@ -248,6 +248,7 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         HUMANEVAL=4,
         SEND_DRAFTS="fcnorm",
         CONCURRENCY="1,16",
+        REPEATS=3,
     )
     assert gpu_recipes.run_phase(call, "measure", k) == DONE
     (run,) = logged(tmp_path)
@@ -257,6 +258,7 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         ("--chain", "1,2,3"),
         ("--samples", "8"),
         ("--concurrency", "1,16"),
+        ("--repeats", "3"),
         ("--humaneval", "4"),
         ("--out", str(gpu_recipes.study_dir(call))),
         ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl")),

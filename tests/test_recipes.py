@@ -179,6 +179,20 @@ def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
     assert [e.label for e in only] == ["baseline", "base", "fcnorm", "fcnorm S1", "fcnorm S3"]
 
 
+def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path, monkeypatch):
+    for row in ("base", "fcnorm"):
+        (tmp_path / row / "draft").mkdir(parents=True)
+        (tmp_path / row / "draft" / "model.safetensors").write_bytes(b"w")
+        (tmp_path / row / "train").mkdir()
+        (tmp_path / row / "train" / "summary.json").write_text("{}")
+    seen = {}
+    monkeypatch.setattr(recipes, "measure", lambda entries, ids, out, **kw: seen.update(kw) or [])
+    recipes.measure_rows(["base", "fcnorm"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)}, repeats=3)
+    assert seen["repeats"] == 3 and seen["warmup"] == 1
+    windows = [{"label": "base", "concurrency": 1, "tokens_per_s": v} for v in (615, 809, 584)]
+    assert recipes._tok_s(windows) == {("base", 1): 615.0}  # one noisy window does not make the row
+
+
 def test_table_splits_acceptance_by_prompt_set(tmp_path):
     out = tmp_path
     (out / "sglang" / "outputs").mkdir(parents=True)

@@ -86,6 +86,7 @@ def add_recipes_parser(subparsers) -> None:
         default=",".join(map(str, MEASURED_CONCURRENCY)),
         help="comma-separated; acceptance per prompt comes from the first",
     )
+    m.add_argument("--repeats", type=int, default=1, help="measured windows per concurrency (the table: their median)")
     m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
     m.add_argument("--budget-s", type=float, default=0)
     m.set_defaults(func=_measure)
@@ -189,6 +190,7 @@ def _measure(args: argparse.Namespace) -> int:
         concurrency=levels,
         env=server_env(args.prefix) if args.prefix else None,
         deadline=deadline_from(args.budget_s),
+        repeats=args.repeats,
     )
     return _report(args)
 

@@ -230,11 +230,13 @@ def measure_rows(
     env: dict | None = None,
     deadline: float | None = None,
     port: int = 32000,
+    repeats: int = 1,
 ) -> list[str]:
     """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
     and each S of `chain` (for the rows of `chain_rows`; None: all); OUT/sglang/. Per concurrency one
-    unmeasured and one measured window over every prompt; acceptance per prompt comes from the first
-    concurrency's replies (their meta_info)."""
+    unmeasured and `repeats` measured windows over every prompt (the table takes their median tok/s: one
+    batch-1 window of a server varied +-20%); acceptance per prompt comes from the first concurrency's
+    replies (their meta_info)."""
     ready = [r for r in rows if trained(out, r)]
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
@@ -255,7 +257,7 @@ def measure_rows(
         indent=1,
     )
     return measure(
-        entries, prompt_ids, sglang, repeats=1, warmup=1, env=env, deadline=deadline, samples=len(prompt_ids)
+        entries, prompt_ids, sglang, repeats=repeats, warmup=1, env=env, deadline=deadline, samples=len(prompt_ids)
     )
 
 

@@ -16,9 +16,9 @@ TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANE
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), CONCURRENCY (16,1: the main
 servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
-chain at batch 1), PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not
-trained), SEND_DRAFTS (rows whose trained drafts come back, comma-separated; a call returns at most 8
-files and a draft is 2 of them),
+chain at batch 1), REPEATS (1: measured windows per server and concurrency; the table takes the median),
+PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not trained), SEND_DRAFTS
+(rows whose trained drafts come back, comma-separated; a call returns at most 8 files and a draft is 2 of them),
 CHAIN_ROWS (the rows that get the CHAIN servers; default all), REGEN_ROWS (21612), REGEN_SERVERS (2),
 REGEN_CONCURRENCY (512 a server: its CUDA graphs), PREFIX and the deadline: gpu_call's.
 The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
@@ -82,6 +82,7 @@ class Knobs:
     published: list[str]  # PUBLISHED: more rows measured from their published drafts (PUBLISHED_RUNS)
     carried_drafts: Path  # where the cargo put them: .device/drafts/<row>
     concurrency: str  # CONCURRENCY
+    repeats: int  # REPEATS
     send_drafts: list[str]  # SEND_DRAFTS
     chain: str  # CHAIN
     chain_rows: str  # CHAIN_ROWS
@@ -118,6 +119,7 @@ class Knobs:
             published=[r for r in env.get("PUBLISHED", "").split(",") if r],
             carried_drafts=call.repo / ".device/drafts",
             concurrency=get("CONCURRENCY", "16,1"),
+            repeats=int(get("REPEATS", 1)),
         )
 
 
@@ -344,6 +346,8 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
         knobs.chain_rows,
         "--concurrency",
         knobs.concurrency,
+        "--repeats",
+        knobs.repeats,
         "--prefix",
         call.sglang_prefix,
         "--budget-s",
