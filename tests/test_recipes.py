@@ -352,6 +352,17 @@ def test_combined_table_compares_each_row_with_its_own_studys_base(tmp_path):
         recipes.combined_table([measured_study(tmp_path / "nobase", {"fcnorm": 30})])
 
 
+def test_a_later_study_that_only_planned_a_row_keeps_the_earlier_measurement(tmp_path):
+    old = measured_study(tmp_path / "old", {"base": 30, "n10806": 24})
+    cut = measured_study(tmp_path / "cut", {"base": 31, "n10806": 26, "fcnorm": 33})
+    (cut / "sglang" / "outputs" / "n10806.jsonl").unlink()  # planned, left at the call's deadline
+    got = recipes.combined_table([old, cut]).set_index("row")
+    assert got.loc["n10806", "study"] == str(old) and got.loc["n10806", "gain_held_out"] == pytest.approx(24 / 30)
+    assert got.loc["base", "study"] == str(cut) and got.loc["fcnorm", "study"] == str(cut)
+    alone = recipes.combined_table([cut]).set_index("row")  # measured nowhere: the row stays, unmeasured
+    assert pd.isna(alone.loc["n10806", "sglang_acceptance_held_out"])
+
+
 def test_plot_labels_say_the_batch_of_a_row_read_at_another_concurrency_than_base():
     df = pd.DataFrame({"row": ["base", "n1351", "best-data2x"], "acceptance_concurrency": [16, 1, 16]})
     assert recipe_figures.row_labels(df) == ["base", "n1351\n(batch 1)", "best-data2x"]

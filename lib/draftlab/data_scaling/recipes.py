@@ -383,7 +383,8 @@ def table(out: Path) -> pd.DataFrame:
 def combined_table(studies: list[Path]) -> pd.DataFrame:
     """Every study folder's table in one (a study per device session), each line with its study and its gain
     over the `base` row that the same study measured (the same servers and windows): the comparison that holds
-    across sessions, whose absolute tok/s differ. A row measured by several studies keeps the last one's."""
+    across sessions, whose absolute tok/s differ. A row measured by several studies keeps the last one's; a
+    later study that only planned it (cut at its deadline: no replies) does not replace a measurement."""
     tables = []
     for study in studies:
         df = table(study)
@@ -394,6 +395,8 @@ def combined_table(studies: list[Path]) -> pd.DataFrame:
             df[f"gain_{name}"] = df[f"sglang_acceptance_{name}"] / base[f"sglang_acceptance_{name}"]
         tables.append(df.assign(study=str(study)))
     both = pd.concat(tables, ignore_index=True)
+    measured = both["sglang_acceptance_held_out"].notna()
+    both = pd.concat([both[~measured], both[measured]], ignore_index=True)  # each group keeps the studies' order
     return both.drop_duplicates("row", keep="last").reset_index(drop=True)
 
 
