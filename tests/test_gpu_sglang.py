@@ -182,6 +182,20 @@ def test_after_a_published_draft_reuses_the_published_oracle_rows(call, tmp_path
     assert runs[1][runs[1].index("--draft") + 1] == str(draft)
 
 
+def test_a_study_of_its_own_keeps_the_default_study_apart_and_its_quoted_variant_whole(call, tmp_path, monkeypatch):
+    draft = tmp_path / "published"
+    draft.mkdir()
+    (draft / "model.safetensors").write_bytes(b"w")
+    monkeypatch.setattr(gpu_sglang.gpu_call, "ensure_all", lambda c: True)
+    variant = "--variant=no-overlap=--disable-overlap-schedule --num-continuous-decode-steps 2"
+    env = {"DRAFT": str(draft), "ORACLE_FROM": str(tmp_path / "run/sglang"), "STUDY": "flags"}
+    knobs = Knobs.from_env(call, env={**env, "STUDY_ARGS": f"--chain 6 '{variant}'"})
+    published_run(tmp_path / "run", b"w", knobs)
+    gpu_sglang.after(call, knobs)
+    study = logged(tmp_path)[1]
+    assert study[study.index("--out") + 1] == str(call.run / "sglang/flags") and variant in study
+
+
 def test_after_another_draft_measures_the_oracle_rows_anew(call, tmp_path, monkeypatch, capsys):
     draft = tmp_path / "other"
     draft.mkdir()

@@ -4,11 +4,15 @@ import json
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 
 from draftlab.benchmark_acceptance import sglang_live as live
+from draftlab.benchmark_acceptance import sglang_study
 from draftlab.benchmark_acceptance.live import Window
-from draftlab.benchmark_acceptance.sglang_study import _trees, study_entries
+from draftlab.benchmark_acceptance.sglang_report import sglang_summary, variant_table
+from draftlab.benchmark_acceptance.sglang_study import _trees, _variants, study_entries
+from draftlab.cli import build_parser
 from draftlab.core.launch import parse_launch
 from draftlab.core.records import append_jsonl
 
@@ -177,6 +181,81 @@ def test_study_plan_equal_max_running_requests_and_the_wrong_flag():
     assert _trees("none") == []
 
 
+def test_a_variant_serves_the_baseline_and_main_chain_again_with_its_flags_at_batch_1():
+    variants = _variants(["no-overlap=--disable-overlap-schedule", "attn=--speculative-attention-mode decode"])
+    assert variants[1] == ("attn", ("--speculative-attention-mode", "decode"))
+    common = dict(chain=[1, 6], main_steps=6, trees=[], concurrency=[1, 16], max_running_requests=64, port=31000)
+    entries = study_entries(
+        "/m", "/d", wrong_flag=True, extra=("--attention-backend", "triton"), variants=variants, **common
+    )
+    by = {e.label: e for e in entries}
+    assert list(by)[-4:] == [
+        "baseline [no-overlap]",
+        "EAGLE3 S6 K1 D7 [no-overlap]",
+        "baseline [attn]",
+        "EAGLE3 S6 K1 D7 [attn]",
+    ]
+    for label, e in by.items():
+        flagged = "--disable-overlap-schedule" in e.command
+        assert flagged == (e.variant == "no-overlap") and (e.variant is None) == ("[" not in label)
+    assert by["baseline [attn]"].algorithm is None and by["EAGLE3 S6 K1 D7 [attn]"].concurrency == [1]
+    assert parse_launch(by["EAGLE3 S6 K1 D7 [no-overlap]"].command).num_steps == 6
+    http = [int(e.command.split("--port ")[1].split()[0]) for e in entries]
+    nccl = [int(e.command.split("--nccl-port ")[1].split()[0]) for e in entries]
+    assert len(set(http)) == len(entries) and len(set(nccl)) == len(entries) and not set(http) & set(nccl)
+    for bad in ("no-overlap", "=--x", "a b=--x"):
+        with pytest.raises(Exception, match="expected NAME=FLAGS"):
+            _variants([bad])
+    with pytest.raises(Exception, match="given twice"):
+        _variants(["a=--x", "a=--y"])
+
+
+def test_variants_are_compared_with_the_default_flags_and_kept_out_of_the_studys_own_figures(tmp_path):
+    out = tmp_path / "sglang" / "study"
+    servers = [  # label, tok/s, tokens, verify, steps, variant
+        ("baseline", 800.0, 8000, None, None, None),
+        ("EAGLE3 S1 K1 D2", 700.0, 1700, 1000, 1, None),
+        ("EAGLE3 S6 K1 D7", 1200.0, 2900, 1000, 6, None),
+        ("baseline [no-overlap]", 760.0, 8000, None, None, "no-overlap"),
+        ("EAGLE3 S6 K1 D7 [no-overlap]", 1900.0, 2900, 1000, 6, "no-overlap"),
+    ]
+    for label, tok_s, tokens, verify, steps, variant in servers:
+        w = Window(
+            label,
+            "u",
+            1,
+            0,
+            4,
+            tokens,
+            verify,
+            tokens / tok_s,
+            tok_s,
+            tokens / verify if verify else None,
+            True,
+            0,
+            True,
+        )
+        extra = {
+            "steps": steps,
+            "topk": steps and 1,
+            "draft_tokens": steps and steps + 1,
+            "algorithm": steps and "EAGLE3",
+            "variant": variant,
+        }
+        append_jsonl(out / "windows.jsonl", [{**w.__dict__, **extra}])
+    got = variant_table(live.summarize(out), 6).set_index("variant")
+    assert list(got.index) == ["default", "no-overlap"]
+    assert got.loc["no-overlap", "speedup"] == pytest.approx(1900 / 760)
+    assert got.loc["no-overlap", "speedup_vs_default_baseline"] == pytest.approx(1900 / 800)
+    assert got.loc["no-overlap", "baseline_vs_default_baseline"] == pytest.approx(760 / 800)
+    assert got.loc["default", "speedup"] == pytest.approx(1.5) and got.loc["default", "acceptance"] == pytest.approx(
+        2.9
+    )
+    assert [r["label"] for r in live.cycle_rates(out)] == ["EAGLE3 S1 K1 D2", "EAGLE3 S6 K1 D7"]
+    values, _ = sglang_summary(tmp_path)
+    assert values["sglang_speedup_batch1"] == pytest.approx(1.5)  # the study's own flags, not the variant's
+
+
 def test_break_even_fitted_to_the_servers_cycle_costs(tmp_path):
     """Cycle time = v + c*S plain steps, recovered from windows built with v = 1.2, c = 0.25."""
     step = 1 / 800.0  # baseline: 800 tok/s at batch 1
@@ -304,3 +383,34 @@ def test_the_published_study_draws_its_figures_without_a_gpu(tmp_path):
         "sglang_breakeven_engine_vs_sglang.png",
     ]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000 for p in written)
+
+
+def test_bench_sglang_writes_the_variants_table_beside_the_study(tmp_path, monkeypatch, capsys):
+    """The command's own path from --variant to OUT/variants.csv, with a measure() that records windows as
+    the real one does (tok/s by label) instead of starting SGLang."""
+    tok_s = {"baseline": 800.0, "EAGLE3 S6 K1 D7": 1200.0, "baseline [no-overlap]": 760.0}
+    monkeypatch.setattr(sglang_study, "load_eval_set", lambda *a: [{"messages": []}] * 4)
+    monkeypatch.setattr(sglang_study, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(sglang_study, "encode_prompts", lambda tok, messages: [[1, 2]] * len(messages))
+
+    def fake_measure(entries, ids, out, **kwargs):
+        for e in entries:
+            rate, verify = tok_s.get(e.label, 1900.0), (1000 if e.algorithm else None)
+            w = Window(e.label, "u", 1, 0, 4, 2900, verify, 2900 / rate, rate, 2.9 if verify else None, True, 0, True)
+            extra = {k: getattr(e, k) for k in ("steps", "topk", "draft_tokens", "algorithm", "variant")}
+            append_jsonl(Path(out) / "windows.jsonl", [{**w.__dict__, **extra}])
+
+    monkeypatch.setattr(sglang_study, "measure", fake_measure)
+    out = tmp_path / "sglang" / "study"
+    argv = ["bench", "sglang", "--model-path", "/m", "--draft", "/d", "--chain", "6", "--trees", "none"]
+    argv += ["--no-wrong-flag", "--concurrency", "1", "--samples", "4", "--out", str(out)]
+    argv.append("--variant=no-overlap=--disable-overlap-schedule")
+    args = build_parser(argv).parse_args(argv)
+    assert args.func(args) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["variants"] == {"no-overlap": ["--disable-overlap-schedule"]}
+    got = pd.read_csv(out / "variants.csv").set_index("variant")
+    assert got.loc["no-overlap", "flags"] == "--disable-overlap-schedule" and pd.isna(got.loc["default", "flags"])
+    assert got.loc["no-overlap", "speedup"] == pytest.approx(1900 / 760)
+    assert got.loc["no-overlap", "speedup_vs_default_baseline"] == pytest.approx(1900 / 800)
+    assert "no-overlap" in capsys.readouterr().out

@@ -68,6 +68,7 @@ class Entry:
     topk: int | None = None
     draft_tokens: int | None = None
     algorithm: str | None = None  # None: the plain baseline
+    variant: str | None = None  # a named set of extra server flags (bench sglang --variant); None: the study's
 
 
 @dataclass
@@ -291,6 +292,7 @@ def measure(
                 "topk": e.topk,
                 "draft_tokens": e.draft_tokens,
                 "algorithm": e.algorithm,
+                "variant": e.variant,
                 "command": e.command,
             }
             append_jsonl(
@@ -322,6 +324,7 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     extra = {r["label"]: r for r in rows}
     for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):
         table[key] = [extra[label].get(key) for label in table["label"]]
+    table["variant"] = [extra[label].get("variant") or "" for label in table["label"]]  # "": the study's flags
 
     def outputs(label):
         path = out / "outputs" / f"{slug(label)}.jsonl"
@@ -349,7 +352,8 @@ def cycle_rates(out: str | Path, concurrency: int = 1, baseline: str = "baseline
     tokens), its cycle time (wall x streams / verify steps) and tokens per cycle, pooled over the
     repeats. Both times include the same per-request overheads (HTTP, prefill), so the fitted
     costs are what a user of the server pays, not kernel times."""
-    rows = [r for r in read_windows(out) if r["concurrency"] == concurrency]
+    # a --variant server runs other flags: its cycle is not this study's cost model
+    rows = [r for r in read_windows(out) if r["concurrency"] == concurrency and not r.get("variant")]
     base = [r for r in rows if r["label"] == baseline]
     if not base:
         raise ValueError(f"{out}: no {baseline!r} windows at concurrency {concurrency}")

@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from draftlab.benchmark_acceptance.sglang_live import summarize
 
 KEYS = (
@@ -50,7 +52,7 @@ def oracle_gaps(run: str | Path) -> list[dict]:
     sg = {
         _setting(r.algorithm, r.steps, r.topk, r.draft_tokens): r
         for r in table.itertuples()
-        if r.concurrency == 1 and r.algorithm and r.acceptance_length == r.acceptance_length
+        if r.concurrency == 1 and r.algorithm and not r.variant and r.acceptance_length == r.acceptance_length
     }
     out = []
     for path in sorted((run / "sglang").glob("oracle_*.json")):
@@ -101,7 +103,7 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
             s["sglang_acceptance_s6_heldout"] = float(s6.acceptance_length.iloc[0])
             src["sglang_acceptance_s6_heldout"] = f"{where}: EAGLE3 S6 K1 D7, concurrency 1, meta_info"
         for key, conc in (("sglang_speedup_batch1", 1), ("sglang_speedup_c16", 16)):
-            rows = t[(t.concurrency == conc) & (t.algorithm == "EAGLE3") & t.speedup_median.notna()]
+            rows = t[(t.concurrency == conc) & (t.algorithm == "EAGLE3") & (t.variant == "") & t.speedup_median.notna()]
             if len(rows):
                 best = rows.loc[rows.speedup_median.idxmax()]
                 s[key] = float(best.speedup_median)
@@ -132,6 +134,37 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
             f"{train.get('completion_tokens')} tokens in {train.get('wall_s')} s)"
         )
     return s, src
+
+
+def variant_table(table: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """Batch 1 per server-flag variant (bench sglang --variant) beside the study's own flags ("default"):
+    the variant's baseline and chain S = `steps` tok/s (medians), acceptance, the speedup over its own
+    baseline, and both over the default baseline: whether the flags speed the server, the draft, or both."""
+    t = table[table.concurrency == 1]
+    lines = []
+    for variant in dict.fromkeys(t.variant):
+        own = t[t.variant == variant]
+        base = own[own.algorithm.isna()]
+        spec = own[(own.algorithm == "EAGLE3") & (own.steps == steps) & (own.topk == 1)]
+        if not (len(base) and len(spec)):
+            continue
+        lines.append(
+            {
+                "variant": variant or "default",
+                "baseline_tok_s": float(base.tokens_per_s_median.iloc[0]),
+                "spec_tok_s": float(spec.tokens_per_s_median.iloc[0]),
+                "acceptance": float(spec.acceptance_length.iloc[0]),
+                "windows": int(spec.windows.iloc[0]),
+            }
+        )
+    df = pd.DataFrame(lines)
+    if df.empty or "default" not in set(df.variant):
+        return df
+    default_base = float(df.loc[df.variant == "default", "baseline_tok_s"].iloc[0])
+    df["speedup"] = df.spec_tok_s / df.baseline_tok_s
+    df["speedup_vs_default_baseline"] = df.spec_tok_s / default_base
+    df["baseline_vs_default_baseline"] = df.baseline_tok_s / default_base
+    return df
 
 
 def write_summary(run: str | Path) -> Path:

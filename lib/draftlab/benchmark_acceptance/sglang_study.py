@@ -6,13 +6,17 @@ server I run?" — the baseline and every speculative setting on the same prompt
 
 The plan: `baseline` (no draft) and the main chain at every concurrency level; the rest of the
 chain sweep S = 1..7 at batch 1; trees (S, K, D) at batch 1 and the main concurrency list; the
-same draft under the wrong `--speculative-algorithm EAGLE` at the main S, batch 1.
+same draft under the wrong `--speculative-algorithm EAGLE` at the main S, batch 1; per `--variant
+NAME=FLAGS` the baseline and the main chain once more at batch 1 with those extra server flags (labels
+end in [NAME]), to find what lowers the server's own cost of a cycle.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -22,7 +26,7 @@ import pandas as pd
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
 from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures
 from draftlab.benchmark_acceptance.sglang_live import PER_STREAM, Entry, measure, summarize
-from draftlab.benchmark_acceptance.sglang_report import write_summary
+from draftlab.benchmark_acceptance.sglang_report import variant_table, write_summary
 from draftlab.core.errors import InputError, RunFailure
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
@@ -51,6 +55,19 @@ def _trees(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def _variants(items: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """["no-overlap=--disable-overlap-schedule"] -> [("no-overlap", ("--disable-overlap-schedule",))]."""
+    out = []
+    for item in items:
+        name, _, flags = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not flags.strip():
+            raise InputError(f"--variant {item!r}: expected NAME=FLAGS, e.g. no-overlap=--disable-overlap-schedule")
+        if name in {n for n, _ in out}:
+            raise InputError(f"--variant {item!r}: the name {name!r} is given twice")
+        out.append((name, tuple(shlex.split(flags))))
+    return out
+
+
 def study_entries(
     model_path: str,
     draft_path: str,
@@ -63,6 +80,7 @@ def study_entries(
     max_running_requests: int,
     port: int,
     extra: tuple[str, ...],
+    variants: list[tuple[str, tuple[str, ...]]] = (),
 ) -> list[Entry]:
     """The plan's servers as Entries (launch commands from draftlab.bench.sweep_plan)."""
     grid = sorted({(s, 1, s + 1) for s in chain} | {(main_steps, 1, main_steps + 1)} | set(trees))
@@ -88,6 +106,27 @@ def study_entries(
             model_path, draft_path, [(s, 1, s + 1)], algorithm="EAGLE", **{**common, "port": port + len(plan)}
         )[1]
         entries.append(Entry(wrong["label"], wrong["command"], [1], s, 1, s + 1, "EAGLE"))
+    next_port = port + len(plan) + (2 if wrong_flag else 0)  # the wrong flag's plan had its own baseline port
+    for name, flags in variants:
+        s = main_steps
+        pair = sweep_plan(
+            model_path, draft_path, [(s, 1, s + 1)], **{**common, "port": next_port, "extra": extra + flags}
+        )
+        next_port += len(pair)
+        for p in pair:  # the baseline and chain S with the variant's flags, batch 1
+            algorithm = None if p["steps"] is None else "EAGLE3"
+            entries.append(
+                Entry(
+                    f"{p['label']} [{name}]",
+                    p["command"],
+                    [1],
+                    p["steps"],
+                    p["topk"],
+                    p["draft_tokens"],
+                    algorithm,
+                    name,
+                )
+            )
     for i, e in enumerate(entries):  # graphs for the batch sizes measured (capture time grows with the largest)
         e.command += f" --cuda-graph-max-bs {max(e.concurrency)}"
         # servers started together each picked a free NCCL port and two got the same (EADDRINUSE, 2026-12-01)
@@ -120,6 +159,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         "--max-total-tokens",
         str(args.max_total_tokens),
     )
+    variants = _variants(args.variant)
     entries = study_entries(
         args.model_path,
         args.draft,
@@ -131,6 +171,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         max_running_requests=args.max_running_requests,
         port=args.port,
         extra=extra,
+        variants=variants,
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(
@@ -144,6 +185,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "warmup_windows": args.warmup,
                 "repeats": args.repeats,
+                "variants": {name: list(flags) for name, flags in variants},
             },
             indent=1,
         )
@@ -170,6 +212,11 @@ def bench_sglang(args: argparse.Namespace) -> int:
     print(f"wrote {write_summary(out.parents[1])}")
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.to_string(index=False))
+    by = variant_table(table, args.main_steps) if variants else None
+    if by is not None and not by.empty:
+        by.insert(1, "flags", [" ".join(dict(variants).get(v, ())) for v in by["variant"]])
+        by.to_csv(out / "variants.csv", index=False)
+        print(by.to_string(index=False))
     done = set(table["label"])
     missing = [e.label for e in entries if e.label not in done]
     if missing:
@@ -195,6 +242,14 @@ def add_bench_sglang_parser(subparsers) -> None:
     )
     p.add_argument("--concurrency", default="1,4,16,64", help="for the baseline, the main chain and the trees")
     p.add_argument("--no-wrong-flag", action="store_true", help="skip the `--speculative-algorithm EAGLE` server")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=FLAGS (repeatable; give it as --variant=NAME=FLAGS): the baseline and the main chain once more "
+        "at batch 1 with these extra SGLang flags, e.g. --variant=no-overlap=--disable-overlap-schedule; "
+        "OUT/variants.csv compares them with the study's own flags",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="unmeasured windows per concurrency before the repeats")
     p.add_argument("--max-running-requests", type=int, default=64, help="the same for every server")

@@ -10,7 +10,9 @@ the blend regenerated through an SGLang server (notebook 03) and the draft train
                then the study (a whole call) and the engine's oracle runs; results packed every call.
                DRAFT=<a published draft>: nothing trained, the held-out split from EVAL_XZ, the
                published oracle rows of ORACLE_FROM reused when DRAFT is the draft that run published
-               (its draft/eagle3.sha256), measured anew otherwise.
+               (its draft/eagle3.sha256), measured anew otherwise. STUDY=<name>: the study in
+               RUN/sglang/<name> instead, e.g. server-flag variants beside the default flags
+               (STUDY_ARGS='--chain 6 --trees none --variant="no-overlap=--disable-overlap-schedule"').
     notebooks  a published run (PUBLISHED) re-executed with its draft: STAGES_NOTEBOOKS ("00 05 06") as
                step.sh runs them (P<NN> overrides), then packed as step.sh packs (OUT/reference.tar.gz)
     oracle     the oracle gap on SAMPLES prompts: the engine (chain S=6, tree 5x4x8), then a batch-1
@@ -27,6 +29,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -61,7 +64,8 @@ class Knobs:
     eval_xz: Path  # EVAL_XZ: the blend's held-out split, for a published draft
     oracle_from: Path  # ORACLE_FROM: published oracle rows (same draft, prompts and samples)
     published: Path  # PUBLISHED: the run PHASE=notebooks/oracle re-executes
-    study_args: list[str]  # STUDY_ARGS: more `bench sglang` options
+    study_args: list[str]  # STUDY_ARGS: more `bench sglang` options (shell-quoted, e.g. --variant="NAME=FLAGS")
+    study_name: str  # STUDY: the study's folder in RUN/sglang ("study"; another name keeps that one apart)
     study_min_s: int  # STUDY_MIN_S: the study starts only with this much of the call left
     oracle_chain: str  # ORACLE_CHAIN: the engine's chain lengths
     regen_side: int  # REGEN_SIDE: rows of the side-by-side (0: none)
@@ -81,7 +85,8 @@ class Knobs:
             eval_xz=Path(get("EVAL_XZ", "results/reference/data/blend/test.jsonl.xz")),
             oracle_from=Path(get("ORACLE_FROM", "results/reference/sglang")),
             published=Path(get("PUBLISHED", "results/reference")),
-            study_args=get("STUDY_ARGS", "").split(),
+            study_args=shlex.split(get("STUDY_ARGS", "")),
+            study_name=get("STUDY", "study"),
             study_min_s=int(get("STUDY_MIN_S", 330)),
             oracle_chain=get("ORACLE_CHAIN", "1,3,6"),
             regen_side=int(get("REGEN_SIDE", 4096)),
@@ -361,22 +366,8 @@ def oracle_check(call: Call, knobs: Knobs) -> int:
                 call, knobs, chk / "sglang" / f"oracle_{name}.json", options, stdout=log, stderr=subprocess.STDOUT
             )
         call.say(f"oracle check: engine {name} exit {rc}")
-    rc = bench_sglang(
-        call,
-        knobs,
-        chk / "sglang/study",
-        "--chain",
-        "6",
-        "--trees",
-        "5x4x8",
-        "--concurrency",
-        "1",
-        "--no-wrong-flag",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
-    )
+    settings = "--chain 6 --trees 5x4x8 --concurrency 1 --no-wrong-flag --repeats 1 --warmup 0"
+    rc = bench_sglang(call, knobs, chk / "sglang/study", *settings.split())
     call.say(f"oracle check: SGLang study exit {rc}")
     subprocess.run(
         [
@@ -445,7 +436,7 @@ def after(call: Call, knobs: Knobs) -> int:
         return FAILED
     if not install_sglang(call):
         return FAILED
-    study = sglang_dir(call) / "study"
+    study = sglang_dir(call) / knobs.study_name
     if not written(study / "summary.csv") or study_missing(study):
         if call.left() < knobs.study_min_s:
             call.say(f"study needs a fresh call ({call.left()} s left)")
