@@ -124,7 +124,7 @@ def study_entries(
                     p["topk"],
                     p["draft_tokens"],
                     algorithm,
-                    name,
+                    variant=name,
                 )
             )
     for i, e in enumerate(entries):  # graphs for the batch sizes measured (capture time grows with the largest)
