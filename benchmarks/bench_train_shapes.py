@@ -1,11 +1,16 @@
-"""Training throughput of the real `draftlab.train_draft` loop by batch-length rounding (pad_multiple).
+"""Training throughput of the real `draftlab.train_draft` loop by batch-length rounding (pad_multiple),
+online or offline target states, eager or compiled.
 
 Why: the reference run trained at ~0.4 s a step where the same step in isolation took ~0.2 s;
 real batches come in a new (B, L) shape almost every step, and a GPU pays for kernel plans per
 shape. Random weights in the target's shape (timing does not depend on them), the real tokenizer
 and conversations, so this needs no GGUF.
 
+Offline states (issue 18's training-speed lever): the target's forward is paid once, in the set-up
+(`hidden_precompute_s`, which writes the shards), instead of in every step.
+
   python3 benchmarks/bench_train_shapes.py BENCH_DIR PAD_MULTIPLE STEPS OUT_JSON [--attention auto]
+      [--hidden online|offline] [--compile]
 
 BENCH_DIR holds config.json and the tokenizer files of the target, and train.jsonl.
 """
@@ -33,6 +38,8 @@ def main() -> int:
     ap.add_argument("out_json", type=Path)
     ap.add_argument("--attention", default="auto")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--hidden", choices=("online", "offline"), default="online")
+    ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
     d = args.bench_dir
     raw = json.loads((d / "config.json").read_text())
@@ -59,9 +66,12 @@ def main() -> int:
             stop_after=args.steps,
             pad_multiple=args.pad_multiple,
             attention=args.attention,
+            hidden=args.hidden,
+            compile=args.compile,
         )
         train(tc, target=target)
         rows = list(csv.DictReader(open(f"{tmp}/eagle3/train.csv")))
+        summary = json.loads(Path(f"{tmp}/eagle3/summary.json").read_text())
     # tokens_per_s and elapsed_s are cumulative: the rate after the first logged row leaves warm-up out
     if len(rows) < 2:
         raise SystemExit(f"only {len(rows)} logged row(s): raise STEPS above 2 x log_every (10)")
@@ -71,6 +81,9 @@ def main() -> int:
     out = {
         "pad_multiple": args.pad_multiple,
         "attention": args.attention,
+        "hidden": args.hidden,
+        "compile": args.compile,
+        "hidden_precompute_s": summary["hidden_precompute_s"],
         "steps": int(last["step"]),
         "elapsed_s": float(last["elapsed_s"]),
         "tokens_per_s_overall": float(last["tokens_per_s"]),
