@@ -198,13 +198,12 @@ def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys)
         SPEED_VARIANTS="eager",
         RECIPES_TARGET="tiny",
         TRAIN_SET=" ".join(f"--set {key} {value}" for key, value in SMOKE.items()),
-        SEND_DRAFTS="hardce",
-    )
+    )  # SEND_DRAFTS unset: the call that finishes a row sends its draft back
     call.deadline = int(time.time()) + 18  # `recipes train` stops its rows 15 s before: 2-3 s, too short for one
     assert gpu_recipes.run_phase(call, "train", k) == AGAIN
     study = gpu_recipes.study_dir(call)
     assert json.loads((study / "train_status.json").read_text()) == {"hardce": "cut"}
-    assert not list(call.out.glob("draft-*")) and "SEND_DRAFTS: hardce has no trained draft" in capsys.readouterr().out
+    assert not list(call.out.glob("draft-*"))
     call.deadline = int(time.time()) + 600
     assert gpu_recipes.run_phase(call, "train", k) == DONE, (study / "hardce/train.log").read_text()[-2000:]
     assert json.loads((study / "train_status.json").read_text()) == {"hardce": "done"}
@@ -213,7 +212,7 @@ def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys)
     assert [r["argv"][r["argv"].index("--target") + 1] for r in logged(tmp_path)] == ["tiny"]
     assert list((study / "tokens").iterdir()) and not (study / "hardce/tokens").exists()  # the rows' shared cache
     names = packed(call)
-    parts = sorted(call.out.glob("draft-hardce.tar.part-*"))  # the trained draft, sent back whole (SEND_DRAFTS)
+    parts = sorted(call.out.glob("draft-hardce.tar.part-*"))  # the trained draft, sent back whole
     with tarfile.open(fileobj=io.BytesIO(b"".join(p.read_bytes() for p in parts))) as tar:
         assert (
             tar.extractfile("hardce/draft/model.safetensors").read()
@@ -226,6 +225,27 @@ def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys)
         for n in names
         if n.endswith(".safetensors") or "ckpt-" in n or "/data" in n or Path(n).name in ("tokens", "tb")
     ], names
+
+
+def test_drafts_sent_back_by_default_are_the_rows_the_call_finished(call, tmp_path, capsys):
+    """SEND_DRAFTS unset: the finished rows, at most MAX_DRAFTS_SENT (the rest named); none: nothing; a list: it."""
+    study = gpu_recipes.study_dir(call)
+    for row in ("a", "b", "c"):
+        (study / row / "draft").mkdir(parents=True)
+        (study / row / "draft/model.safetensors").write_bytes(row.encode() * 10)
+
+    def sent(finished, **env):
+        for part in call.out.glob("draft-*"):
+            part.unlink()
+        gpu_recipes.pack(call, Knobs.from_env(call, env=env), finished)
+        return sorted({p.name.split(".tar")[0] for p in call.out.glob("draft-*")})
+
+    assert gpu_recipes.MAX_DRAFTS_SENT == 2
+    assert sent(["a", "b", "c"]) == ["draft-a", "draft-b"] and "not sent (at most 2 drafts a call): c" in (
+        capsys.readouterr().out
+    )
+    assert sent([]) == [] and sent(["a"], SEND_DRAFTS="none") == []
+    assert sent(["a"], SEND_DRAFTS="c") == ["draft-c"]
 
 
 def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):

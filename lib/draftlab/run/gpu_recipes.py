@@ -18,7 +18,8 @@ RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S
 servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
 chain at batch 1), REPEATS (1: measured windows per server and concurrency; the table takes the median),
 PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not trained), SEND_DRAFTS
-(rows whose trained drafts come back, comma-separated; a call returns at most 8 files and a draft is 2 of them),
+(rows whose trained drafts come back, comma-separated, or none; unset: a train call sends the rows it finished,
+at most MAX_DRAFTS_SENT, since a call returns at most 8 files and a draft is 2 of them),
 CHAIN_ROWS (the rows that get the CHAIN servers; default all), REGEN_ROWS (21612), REGEN_SERVERS (2),
 REGEN_CONCURRENCY (512 a server: its CUDA graphs), PREFIX and the deadline: gpu_call's.
 The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
@@ -46,6 +47,7 @@ from draftlab.run.gpu_call import CUT, Call, until, unxz, written
 DONE, AGAIN, FAILED = 0, 3, 1
 SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under results/reference, .jsonl.xz
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
+MAX_DRAFTS_SENT = 2  # a draft is two 15 MiB parts; a call returns at most 8 files, 64 MiB together
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
 # published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
 # and train/summary.json
@@ -83,7 +85,7 @@ class Knobs:
     carried_drafts: Path  # where the cargo put them: .device/drafts/<row>
     concurrency: str  # CONCURRENCY
     repeats: int  # REPEATS
-    send_drafts: list[str]  # SEND_DRAFTS
+    send_drafts: list[str] | None  # SEND_DRAFTS; None (unset): the rows a train call finishes
     chain: str  # CHAIN
     chain_rows: str  # CHAIN_ROWS
     regen_rows: int  # REGEN_ROWS
@@ -110,7 +112,9 @@ class Knobs:
             humaneval=int(get("HUMANEVAL", 32)),
             target=get("RECIPES_TARGET", "embedded"),
             base_draft=call.repo / ".device/drafts/eagle3",
-            send_drafts=[r for r in env.get("SEND_DRAFTS", "").split(",") if r],
+            send_drafts=None
+            if "SEND_DRAFTS" not in env
+            else [r for r in env["SEND_DRAFTS"].split(",") if r and r != "none"],
             chain=env.get("CHAIN", ""),
             chain_rows=env.get("CHAIN_ROWS", ""),
             regen_rows=int(get("REGEN_ROWS", 21612)),
@@ -261,15 +265,10 @@ def tokenize_profile(call: Call, out: Path, shown: int, *target_device: str) -> 
                 print(line, flush=True)
             lines.append(line)
 
-    argv = [
-        call.python,
-        "benchmarks/tokenize_profile.py",
-        call.model_dir,
-        data_dir(call) / "train.jsonl",
-        300,
-        *target_device,
-    ]
-    rc = until(argv, min(time.time() + PROFILE_CHILD_S, call.deadline - 30), on_line=keep, cwd=call.repo)
+    argv = [call.python, "benchmarks/tokenize_profile.py", call.model_dir, data_dir(call) / "train.jsonl", 300]
+    rc = until(
+        [*argv, *target_device], min(time.time() + PROFILE_CHILD_S, call.deadline - 30), on_line=keep, cwd=call.repo
+    )
     out.write_text("".join(f"{line}\n" for line in lines))
     return rc
 
@@ -417,13 +416,21 @@ def show_progress(call: Call, work: Path, stop: threading.Event) -> None:
             until(call.cli("monitor", work), min(time.time() + 30, call.deadline))
 
 
-def pack(call: Call, knobs: Knobs) -> None:
+def pack(call: Call, knobs: Knobs, finished: list[str] = ()) -> None:
     """The study so far without weights, checkpoints, data, token caches or TensorBoard logs: OUT/recipes.tar.gz;
-    and the trained drafts of SEND_DRAFTS, in parts."""
+    and the trained drafts of SEND_DRAFTS (unset: the rows this call `finished`), in parts. Why the default: a
+    machine can go cold before the next call (2026-12-03), and a draft not sent back is then trained again."""
     out = call.out / "recipes.tar.gz"
     gpu_pack.tar_gz_without(study_dir(call), "recipes", out, PACK_EXCLUDES)
     call.say(f"packed {gpu_pack.human(out.stat().st_size)}")
-    for row in knobs.send_drafts:
+    rows, unsent = (
+        (finished[:MAX_DRAFTS_SENT], finished[MAX_DRAFTS_SENT:])
+        if knobs.send_drafts is None
+        else (knobs.send_drafts, [])
+    )
+    if unsent:
+        call.say(f"not sent (at most {MAX_DRAFTS_SENT} drafts a call): {', '.join(unsent)}")
+    for row in rows:
         if (study_dir(call) / row / "draft/model.safetensors").is_file():
             gpu_pack.send_tree(call, study_dir(call), f"{row}/draft", f"draft-{row}")
         else:
@@ -450,8 +457,11 @@ def train(call: Call, knobs: Knobs) -> int:
     if not ready(call, knobs):
         return FAILED
     speed_check(call, knobs)
+    status = study_dir(call) / "train_status.json"  # `recipes train`'s row -> done, cut, ...
+    before = json.loads(status.read_text()) if status.is_file() else {}
     rc = train_rows(call, knobs)
-    pack(call, knobs)
+    after = json.loads(status.read_text()) if status.is_file() else {}
+    pack(call, knobs, [row for row, state in after.items() if state == "done" and before.get(row) != "done"])
     return rc
 
 
