@@ -13,6 +13,7 @@ from draftlab.benchmark_acceptance.live import Window
 from draftlab.benchmark_acceptance.sglang_report import sglang_summary, variant_table
 from draftlab.benchmark_acceptance.sglang_study import _trees, _variants, study_entries
 from draftlab.cli import build_parser
+from draftlab.core.errors import RunFailure
 from draftlab.core.launch import parse_launch
 from draftlab.core.records import append_jsonl
 
@@ -414,3 +415,22 @@ def test_bench_sglang_writes_the_variants_table_beside_the_study(tmp_path, monke
     assert got.loc["no-overlap", "speedup"] == pytest.approx(1900 / 760)
     assert got.loc["no-overlap", "speedup_vs_default_baseline"] == pytest.approx(1900 / 800)
     assert "no-overlap" in capsys.readouterr().out
+
+
+def test_server_flags_reach_every_server_of_the_study(tmp_path, monkeypatch):
+    """--server-flags (e.g. --sleep-on-idle) in every launch command, the variants' too, and in plan.json."""
+    monkeypatch.setattr(sglang_study, "load_eval_set", lambda *a: [{"messages": []}] * 4)
+    monkeypatch.setattr(sglang_study, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(sglang_study, "encode_prompts", lambda tok, messages: [[1, 2]] * len(messages))
+    seen = []
+    monkeypatch.setattr(sglang_study, "measure", lambda entries, ids, out, **kw: seen.extend(entries))
+    out = tmp_path / "sglang" / "study"
+    argv = ["bench", "sglang", "--model-path", "/m", "--draft", "/d", "--chain", "5,6", "--trees", "5x4x8"]
+    argv += ["--concurrency", "1", "--samples", "4", "--out", str(out), "--variant=recv4=--scheduler-recv-interval 4"]
+    argv.append("--server-flags=--sleep-on-idle --enable-metrics")
+    args = build_parser(argv).parse_args(argv)
+    with pytest.raises(RunFailure, match="no server was measured"):  # the stand-in measured nothing
+        args.func(args)
+    assert len(seen) == 7  # baseline, S5, S6, the tree, the wrong flag, the variant's pair
+    assert all(" --sleep-on-idle --enable-metrics" in e.command for e in seen)
+    assert json.loads((out / "plan.json").read_text())["server_flags"] == ["--sleep-on-idle", "--enable-metrics"]

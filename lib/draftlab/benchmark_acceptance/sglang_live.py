@@ -19,6 +19,7 @@ Resumable: each finished entry appends its windows to `OUT/windows.jsonl` and it
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -294,6 +295,8 @@ def measure(
                 "algorithm": e.algorithm,
                 "variant": e.variant,
                 "command": e.command,
+                # the host's load over the last minute, taken after the windows: idle servers that spin show here
+                "load_1min": os.getloadavg()[0],
             }
             append_jsonl(
                 out / "outputs" / f"{slug(e.label)}.jsonl",

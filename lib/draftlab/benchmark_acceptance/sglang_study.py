@@ -8,7 +8,9 @@ The plan: `baseline` (no draft) and the main chain at every concurrency level; t
 chain sweep S = 1..7 at batch 1; trees (S, K, D) at batch 1 and the main concurrency list; the
 same draft under the wrong `--speculative-algorithm EAGLE` at the main S, batch 1; per `--variant
 NAME=FLAGS` the baseline and the main chain once more at batch 1 with those extra server flags (labels
-end in [NAME]), to find what lowers the server's own cost of a cycle.
+end in [NAME]), to find what lowers the server's own cost of a cycle. `--server-flags` go to every server:
+e.g. `--sleep-on-idle`, so that the servers waiting their turn do not each spin a CPU thread at 100% (SGLang's
+IdleSleeper docstring) beside the one measured at batch 1, where the host's loop is most of a step.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         str(args.mem_fraction_static),
         "--max-total-tokens",
         str(args.max_total_tokens),
+        *shlex.split(args.server_flags),
     )
     variants = _variants(args.variant)
     entries = study_entries(
@@ -186,6 +189,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
                 "warmup_windows": args.warmup,
                 "repeats": args.repeats,
                 "variants": {name: list(flags) for name, flags in variants},
+                "server_flags": shlex.split(args.server_flags),
             },
             indent=1,
         )
@@ -249,6 +253,12 @@ def add_bench_sglang_parser(subparsers) -> None:
         help="NAME=FLAGS (repeatable; give it as --variant=NAME=FLAGS): the baseline and the main chain once more "
         "at batch 1 with these extra SGLang flags, e.g. --variant=no-overlap=--disable-overlap-schedule; "
         "OUT/variants.csv compares them with the study's own flags",
+    )
+    p.add_argument(
+        "--server-flags",
+        default="",
+        help="more SGLang flags for every server (one string; give it as --server-flags=FLAGS), e.g. "
+        "--server-flags=--sleep-on-idle: idle servers then wait on their sockets instead of spinning a CPU thread",
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="unmeasured windows per concurrency before the repeats")
