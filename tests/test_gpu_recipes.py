@@ -187,7 +187,7 @@ def test_speed_variants_none_skips_the_speed_check(call, tmp_path, capsys):
     assert not logged(tmp_path) and "SPEED_VARIANTS=none" in capsys.readouterr().out
 
 
-def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path, capsys):
+def test_train_phase_is_cut_at_the_deadline_then_resumed(call, tmp_path):
     """The tiny target on CPU: exit 3 when the deadline cuts the row, 0 when the next call finishes it."""
     staged_small(call, tmp_path)
     k = knobs(
@@ -237,7 +237,7 @@ def test_drafts_sent_back_by_default_are_the_rows_the_call_finished(call, tmp_pa
     def sent(finished, **env):
         for part in call.out.glob("draft-*"):
             part.unlink()
-        gpu_recipes.pack(call, Knobs.from_env(call, env=env), finished)
+        gpu_recipes.pack(call, Knobs.from_env(call, env=env), tuple(finished))
         return sorted({p.name.split(".tar")[0] for p in call.out.glob("draft-*")})
 
     assert gpu_recipes.MAX_DRAFTS_SENT == 2

@@ -416,7 +416,7 @@ def show_progress(call: Call, work: Path, stop: threading.Event) -> None:
             until(call.cli("monitor", work), min(time.time() + 30, call.deadline))
 
 
-def pack(call: Call, knobs: Knobs, finished: list[str] = ()) -> None:
+def pack(call: Call, knobs: Knobs, finished: tuple[str, ...] = ()) -> None:
     """The study so far without weights, checkpoints, data, token caches or TensorBoard logs: OUT/recipes.tar.gz;
     and the trained drafts of SEND_DRAFTS (unset: the rows this call `finished`), in parts. Why the default: a
     machine can go cold before the next call (2026-12-03), and a draft not sent back is then trained again."""
@@ -461,7 +461,7 @@ def train(call: Call, knobs: Knobs) -> int:
     before = json.loads(status.read_text()) if status.is_file() else {}
     rc = train_rows(call, knobs)
     after = json.loads(status.read_text()) if status.is_file() else {}
-    pack(call, knobs, [row for row, state in after.items() if state == "done" and before.get(row) != "done"])
+    pack(call, knobs, tuple(row for row, state in after.items() if state == "done" and before.get(row) != "done"))
     return rc
 
 
