@@ -269,6 +269,7 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         SEND_DRAFTS="fcnorm",
         CONCURRENCY="1,16",
         REPEATS=3,
+        SERVER_FLAGS="--sleep-on-idle",
     )
     assert gpu_recipes.run_phase(call, "measure", k) == DONE
     (run,) = logged(tmp_path)
@@ -284,6 +285,7 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl")),
     ):
         assert argv[argv.index(flag) + 1] == value
+    assert "--server-flags=--sleep-on-idle" in argv
     assert (call.out / "recipes.tar.gz").is_file() and not list(call.out.glob("draft-*"))  # fcnorm: not trained
 
 

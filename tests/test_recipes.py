@@ -10,7 +10,9 @@ import yaml
 from tests.test_train import write_fixture
 
 from draftlab.benchmark_acceptance.sglang_live import slug
+from draftlab.cli import build_parser
 from draftlab.core.records import append_jsonl
+from draftlab.data_scaling import cli as recipes_cli
 from draftlab.data_scaling import recipe_figures, recipe_rows, recipe_speed, recipes
 from draftlab.train_draft import TrainConfig
 
@@ -191,6 +193,27 @@ def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path
     assert seen["repeats"] == 3 and seen["warmup"] == 1
     windows = [{"label": "base", "concurrency": 1, "tokens_per_s": v} for v in (615, 809, 584)]
     assert recipes._tok_s(windows) == {("base", 1): 615.0}  # one noisy window does not make the row
+
+
+def test_recipes_measure_server_flags_reach_every_server(tmp_path, monkeypatch):
+    """`draftlab recipes measure --server-flags=...` to every launch command (the baseline's and each row's)."""
+    for row in ("base", "fcnorm"):
+        (tmp_path / row / "draft").mkdir(parents=True)
+        (tmp_path / row / "draft" / "model.safetensors").write_bytes(b"w")
+        (tmp_path / row / "train").mkdir()
+        (tmp_path / row / "train" / "summary.json").write_text("{}")
+    seen = []
+    monkeypatch.setattr(recipes, "measure", lambda entries, ids, out, **kw: seen.extend(entries) or [])
+    monkeypatch.setattr(recipes_cli, "prompt_sets", lambda *a: ([{"messages": []}], {"held_out": range(1)}))
+    monkeypatch.setattr(recipes_cli, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(recipes_cli, "encode_prompts", lambda tok, messages: [[1, 2]])
+    monkeypatch.setattr(recipes_cli, "_report", lambda args: 0)
+    argv = ["recipes", "measure", "--rows", "base,fcnorm", "--out", str(tmp_path), "--model-path", "/m"]
+    argv += ["--held-out", "t.jsonl", "--chain", "3", "--server-flags=--sleep-on-idle --enable-metrics"]
+    args = build_parser(argv).parse_args(argv)
+    assert args.func(args) == 0
+    assert [e.label for e in seen] == ["baseline", "base", "base S3", "fcnorm", "fcnorm S3"]
+    assert all(" --sleep-on-idle --enable-metrics" in e.command for e in seen)
 
 
 def test_table_splits_acceptance_by_prompt_set(tmp_path):

@@ -14,8 +14,8 @@
 # PHASE may name several, run in order within the call: PHASE="regen train".
 # Results: $OUT/recipes.tar.gz (no weights) every call; $OUT/log.
 # The phases and their knobs (ROWS, PARALLEL, SPEED_STEPS, SPEED_SAMPLES, SPEED_VARIANTS, TRAIN_SET, SAMPLES,
-# HUMANEVAL, RECIPES_TARGET, CHAIN, CHAIN_ROWS, CONCURRENCY, REPEATS, PUBLISHED, SEND_DRAFTS, REGEN_ROWS, REGEN_SERVERS,
-# REGEN_CONCURRENCY, PREFIX, BUDGET_S): the docstring of draftlab.run.gpu_recipes.
+# HUMANEVAL, RECIPES_TARGET, CHAIN, CHAIN_ROWS, CONCURRENCY, REPEATS, SERVER_FLAGS, PUBLISHED, SEND_DRAFTS, REGEN_ROWS,
+# REGEN_SERVERS, REGEN_CONCURRENCY, PREFIX, BUDGET_S): the docstring of draftlab.run.gpu_recipes.
 # Exit 0: done; 3: call again with the same PHASE; 1: failed; 2: an unknown PHASE.
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}

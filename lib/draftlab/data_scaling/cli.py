@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from draftlab.core.records import read_jsonl
@@ -87,6 +88,9 @@ def add_recipes_parser(subparsers) -> None:
         help="comma-separated; acceptance per prompt comes from the first",
     )
     m.add_argument("--repeats", type=int, default=1, help="measured windows per concurrency (the table: their median)")
+    m.add_argument(
+        "--server-flags", default="", help="more SGLang flags for every server (--server-flags=--sleep-on-idle)"
+    )
     m.add_argument("--prefix", help="offline SGLang install put first on PYTHONPATH")
     m.add_argument("--budget-s", type=float, default=0)
     m.set_defaults(func=_measure)
@@ -191,6 +195,7 @@ def _measure(args: argparse.Namespace) -> int:
         env=server_env(args.prefix) if args.prefix else None,
         deadline=deadline_from(args.budget_s),
         repeats=args.repeats,
+        server_flags=tuple(shlex.split(args.server_flags)),
     )
     return _report(args)
 

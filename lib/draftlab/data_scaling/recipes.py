@@ -173,17 +173,19 @@ def row_entries(
     max_running_requests: int = 64,
     mem_fraction_static: float = 0.9,
     max_total_tokens: int = 65536,
+    server_flags: tuple[str, ...] = (),
 ) -> list[Entry]:
     """SGLang's plain baseline once, then for each row's draft one server per chain length S of `chain`
     (default: `steps` alone; only for the rows of `chain_rows` when given), each on ports of its own. The
     server at `steps` is labelled with the row and measured at every concurrency; the others, '<row> S<s>',
     at the first concurrency only (their acceptance and speed, from the same kind of window as the main
-    server's)."""
+    server's). `server_flags` go to every server (bench sglang --server-flags)."""
     extra = DEFAULT_SERVER_FLAGS + (
         "--mem-fraction-static",
         str(mem_fraction_static),
         "--max-total-tokens",
         str(max_total_tokens),
+        *server_flags,
     )
     more = sorted(set(chain or []) - {steps})  # the main server first: the baseline comes with it
     servers = [(row, s) for row in rows for s in [steps] + (more if chain_rows is None or row in chain_rows else [])]
@@ -231,6 +233,7 @@ def measure_rows(
     deadline: float | None = None,
     port: int = 32000,
     repeats: int = 1,
+    server_flags: tuple[str, ...] = (),
 ) -> list[str]:
     """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
     and each S of `chain` (for the rows of `chain_rows`; None: all); OUT/sglang/. Per concurrency one
@@ -241,7 +244,15 @@ def measure_rows(
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
     entries = row_entries(
-        ready, out, model_path, steps=steps, concurrency=concurrency, port=port, chain=chain, chain_rows=chain_rows
+        ready,
+        out,
+        model_path,
+        steps=steps,
+        concurrency=concurrency,
+        port=port,
+        chain=chain,
+        chain_rows=chain_rows,
+        server_flags=server_flags,
     )
     sglang = out / "sglang"
     sglang.mkdir(parents=True, exist_ok=True)

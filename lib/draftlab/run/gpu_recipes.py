@@ -17,6 +17,7 @@ RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), CONCURRENCY (16,1: the main
 servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
 chain at batch 1), REPEATS (1: measured windows per server and concurrency; the table takes the median),
+SERVER_FLAGS (more SGLang flags for every measured server, e.g. --sleep-on-idle),
 PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not trained), SEND_DRAFTS
 (rows whose trained drafts come back, comma-separated, or none; unset: a train call sends the rows it finished,
 at most MAX_DRAFTS_SENT, since a call returns at most 8 files and a draft is 2 of them),
@@ -85,6 +86,7 @@ class Knobs:
     carried_drafts: Path  # where the cargo put them: .device/drafts/<row>
     concurrency: str  # CONCURRENCY
     repeats: int  # REPEATS
+    server_flags: str  # SERVER_FLAGS: more SGLang flags for every server measured, e.g. --sleep-on-idle
     send_drafts: list[str] | None  # SEND_DRAFTS; None (unset): the rows a train call finishes
     chain: str  # CHAIN
     chain_rows: str  # CHAIN_ROWS
@@ -114,7 +116,7 @@ class Knobs:
             base_draft=call.repo / ".device/drafts/eagle3",
             send_drafts=None
             if "SEND_DRAFTS" not in env
-            else [r for r in env["SEND_DRAFTS"].split(",") if r and r != "none"],
+            else [r for r in env["SEND_DRAFTS"].split(",") if r not in ("", "none")],
             chain=env.get("CHAIN", ""),
             chain_rows=env.get("CHAIN_ROWS", ""),
             regen_rows=int(get("REGEN_ROWS", 21612)),
@@ -124,6 +126,7 @@ class Knobs:
             carried_drafts=call.repo / ".device/drafts",
             concurrency=get("CONCURRENCY", "16,1"),
             repeats=int(get("REPEATS", 1)),
+            server_flags=env.get("SERVER_FLAGS", ""),
         )
 
 
@@ -347,6 +350,7 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
         knobs.concurrency,
         "--repeats",
         knobs.repeats,
+        f"--server-flags={knobs.server_flags}",
         "--prefix",
         call.sglang_prefix,
         "--budget-s",
@@ -423,13 +427,9 @@ def pack(call: Call, knobs: Knobs, finished: tuple[str, ...] = ()) -> None:
     out = call.out / "recipes.tar.gz"
     gpu_pack.tar_gz_without(study_dir(call), "recipes", out, PACK_EXCLUDES)
     call.say(f"packed {gpu_pack.human(out.stat().st_size)}")
-    rows, unsent = (
-        (finished[:MAX_DRAFTS_SENT], finished[MAX_DRAFTS_SENT:])
-        if knobs.send_drafts is None
-        else (knobs.send_drafts, [])
-    )
-    if unsent:
-        call.say(f"not sent (at most {MAX_DRAFTS_SENT} drafts a call): {', '.join(unsent)}")
+    rows = finished[:MAX_DRAFTS_SENT] if knobs.send_drafts is None else knobs.send_drafts
+    if knobs.send_drafts is None and finished[MAX_DRAFTS_SENT:]:
+        call.say(f"not sent (at most {MAX_DRAFTS_SENT} drafts a call): {', '.join(finished[MAX_DRAFTS_SENT:])}")
     for row in rows:
         if (study_dir(call) / row / "draft/model.safetensors").is_file():
             gpu_pack.send_tree(call, study_dir(call), f"{row}/draft", f"draft-{row}")
