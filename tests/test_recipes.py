@@ -181,12 +181,17 @@ def test_a_chain_sweep_gives_each_row_a_server_per_length(tmp_path):
     assert [e.label for e in only] == ["baseline", "base", "fcnorm", "fcnorm S1", "fcnorm S3"]
 
 
+def trained_rows(out, *rows) -> None:
+    """What `recipes train` leaves for a finished row: its draft's weights and its training summary."""
+    for row in rows:
+        (out / row / "draft").mkdir(parents=True)
+        (out / row / "draft" / "model.safetensors").write_bytes(b"w")
+        (out / row / "train").mkdir()
+        (out / row / "train" / "summary.json").write_text("{}")
+
+
 def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path, monkeypatch):
-    for row in ("base", "fcnorm"):
-        (tmp_path / row / "draft").mkdir(parents=True)
-        (tmp_path / row / "draft" / "model.safetensors").write_bytes(b"w")
-        (tmp_path / row / "train").mkdir()
-        (tmp_path / row / "train" / "summary.json").write_text("{}")
+    trained_rows(tmp_path, "base", "fcnorm")
     seen = {}
     monkeypatch.setattr(recipes, "measure", lambda entries, ids, out, **kw: seen.update(kw) or [])
     recipes.measure_rows(["base", "fcnorm"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)}, repeats=3)
@@ -197,11 +202,7 @@ def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path
 
 def test_recipes_measure_server_flags_reach_every_server(tmp_path, monkeypatch):
     """`draftlab recipes measure --server-flags=...` to every launch command (the baseline's and each row's)."""
-    for row in ("base", "fcnorm"):
-        (tmp_path / row / "draft").mkdir(parents=True)
-        (tmp_path / row / "draft" / "model.safetensors").write_bytes(b"w")
-        (tmp_path / row / "train").mkdir()
-        (tmp_path / row / "train" / "summary.json").write_text("{}")
+    trained_rows(tmp_path, "base", "fcnorm")
     seen = []
     monkeypatch.setattr(recipes, "measure", lambda entries, ids, out, **kw: seen.extend(entries) or [])
     monkeypatch.setattr(recipes_cli, "prompt_sets", lambda *a: ([{"messages": []}], {"held_out": range(1)}))
