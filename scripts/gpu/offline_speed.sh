@@ -5,19 +5,18 @@
 #   here:  BENCH_DATA=<a regenerated train.jsonl> scripts/gpu/prepare.sh   (-> .device/bench, 3,000 conversations)
 #   there: bash scripts/gpu/offline_speed.sh [STEPS]   (carry .device/bench and .whl)
 #          -> $OUT/{online,offline}[-compiled].{json,log}; each run bounded by its own timeout
-set -uo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/common.sh"  # OUT, SITE, PYTHONPATH (lib + SITE), offline hub settings, ensure_wheels
 STEPS=${1:-40}
-SITE=/tmp/offline-speed/site BENCH=/tmp/offline-speed/bench
-mkdir -p "$SITE" "$BENCH"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl > "$OUT/pip.log" 2>&1
+BENCH=/tmp/offline-speed/bench
+mkdir -p "$BENCH"
+ensure_wheels || exit 1
 cp .device/bench/*.json .device/bench/*.jinja "$BENCH"/
 xz -dc .device/bench/tokenizer.json.xz > "$BENCH/tokenizer.json"
 xz -dc .device/bench/train.jsonl.xz > "$BENCH/train.jsonl"
 for run in "online --compile:90" "offline --compile:90" "offline:60" "online:60"; do
   args=${run%:*} limit=${run##*:} name=$(echo "${run%:*}" | sed 's/ --compile/-compiled/')
   # shellcheck disable=SC2086  # args holds the mode and maybe --compile
-  PYTHONPATH=lib:$SITE timeout "$limit" python3 benchmarks/bench_train_shapes.py "$BENCH" 1 "$STEPS" \
+  timeout "$limit" python3 benchmarks/bench_train_shapes.py "$BENCH" 1 "$STEPS" \
     "$OUT/$name.json" --hidden $args > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? $(cat "$OUT/$name.json" 2>/dev/null | tr -d '\n ')"
 done

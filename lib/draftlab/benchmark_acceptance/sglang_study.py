@@ -40,6 +40,16 @@ NCCL_PORT_OFFSET = 100  # server i: HTTP on --port + i, torch.distributed's rend
 DEFAULT_SERVER_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none")
 
 
+def study_server_flags(
+    mem_fraction_static: float, max_total_tokens: int, more: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The flags every server of a study shares: DEFAULT_SERVER_FLAGS, its KV pool and the caller's (--server-flags).
+    SGLang sizes its KV pool from the memory free at its start minus (1 - fraction) of the GPU, so servers started
+    together each take a high fraction and a fixed pool (--max-total-tokens)."""
+    pool = ("--mem-fraction-static", str(mem_fraction_static), "--max-total-tokens", str(max_total_tokens))
+    return (*DEFAULT_SERVER_FLAGS, *pool, *more)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
@@ -153,15 +163,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
         raise InputError(f"{args.eval_set}: {len(prompts)} prompts, fewer than --samples {args.samples}")
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
-    # SGLang sizes its KV pool from the memory free at its start minus (1 - fraction) of the GPU, so
-    # servers started together each take a high fraction and a fixed pool (--max-total-tokens)
-    extra = tuple(DEFAULT_SERVER_FLAGS) + (
-        "--mem-fraction-static",
-        str(args.mem_fraction_static),
-        "--max-total-tokens",
-        str(args.max_total_tokens),
-        *shlex.split(args.server_flags),
-    )
+    extra = study_server_flags(args.mem_fraction_static, args.max_total_tokens, tuple(shlex.split(args.server_flags)))
     variants = _variants(args.variant)
     entries = study_entries(
         args.model_path,

@@ -22,7 +22,7 @@ import pandas as pd
 
 from draftlab.benchmark_acceptance.live import load_eval_set
 from draftlab.benchmark_acceptance.sglang_live import Entry, measure, read_windows, slug
-from draftlab.benchmark_acceptance.sglang_study import DEFAULT_SERVER_FLAGS, NCCL_PORT_OFFSET, study_entries
+from draftlab.benchmark_acceptance.sglang_study import NCCL_PORT_OFFSET, study_entries, study_server_flags
 from draftlab.core.acceptance import acceptance_length
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
@@ -180,13 +180,7 @@ def row_entries(
     server at `steps` is labelled with the row and measured at every concurrency; the others, '<row> S<s>',
     at the first concurrency only (their acceptance and speed, from the same kind of window as the main
     server's). `server_flags` go to every server (bench sglang --server-flags)."""
-    extra = DEFAULT_SERVER_FLAGS + (
-        "--mem-fraction-static",
-        str(mem_fraction_static),
-        "--max-total-tokens",
-        str(max_total_tokens),
-        *server_flags,
-    )
+    extra = study_server_flags(mem_fraction_static, max_total_tokens, server_flags)
     more = sorted(set(chain or []) - {steps})  # the main server first: the baseline comes with it
     servers = [(row, s) for row in rows for s in [steps] + (more if chain_rows is None or row in chain_rows else [])]
     if 2 * len(servers) >= NCCL_PORT_OFFSET:
