@@ -196,6 +196,15 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
     failures = [json.loads(x) for x in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
     assert [f["label"] for f in failures] == ["broken", "dies"] and "no answer" in failures[0]["error"]
     assert "every request failed" in failures[1]["error"] and "500" in failures[1]["error"]
+    windows = [(w["label"], w["repeat"], w["concurrency"]) for w in live.read_windows(tmp_path / "out")]
+    assert windows == [  # in rounds: every server's turn before any server's second window
+        ("baseline", 0, 1),
+        ("EAGLE3 S3 K1 D4", 0, 1),
+        ("EAGLE3 S3 K1 D4", 0, 2),
+        ("baseline", 1, 1),
+        ("EAGLE3 S3 K1 D4", 1, 1),
+        ("EAGLE3 S3 K1 D4", 1, 2),
+    ]
     table = live.summarize(tmp_path / "out").set_index(["label", "concurrency"])
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "acceptance_length"] == pytest.approx(8 / 5)  # 3+3+2 tokens, 2+2+1 steps
     assert table.loc[("EAGLE3 S3 K1 D4", 1), "identical"] == 3  # same fixture outputs as the baseline
@@ -205,3 +214,45 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
         )
         == []
     )
+
+
+def test_a_deadline_between_turns_keeps_the_rounds_done_and_stops_every_server(tmp_path, monkeypatch):
+    """The deadline is read before every server's turn: a server with one round done counts as measured,
+    with the windows it has; none is left running."""
+    from types import SimpleNamespace
+
+    from draftlab.benchmark_acceptance import sglang_live as live
+
+    monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
+    clock = iter(range(100))  # each turn reads the clock once: turn k at time k
+    monkeypatch.setattr(live, "time", SimpleNamespace(time=lambda: next(clock), perf_counter=time.perf_counter))
+    procs = []
+
+    def server(entry, log):
+        port = free_port()
+        procs.append(
+            ServerProcess(
+                [sys.executable, str(HEALTH), str(port), *(["--accept", "2"] if entry.algorithm else [])],
+                log,
+                base_url=f"http://127.0.0.1:{port}",
+                startup_timeout=20,
+                registry=tmp_path / "registry",
+            )
+        )
+        return procs[-1]
+
+    entries = [live.Entry("baseline", "cmd"), live.Entry("EAGLE3 S3 K1 D4", "cmd", [1], 3, 1, 4, "EAGLE3")]
+    done = live.measure(
+        entries,
+        [[1, 2, 3], [4, 5]],
+        tmp_path / "out",
+        repeats=3,
+        warmup=0,
+        max_new_tokens=3,
+        deadline=2.5,
+        server=server,
+    )
+    assert done == ["baseline", "EAGLE3 S3 K1 D4"]
+    windows = [(w["label"], w["repeat"]) for w in live.read_windows(tmp_path / "out")]
+    assert windows == [("baseline", 0), ("EAGLE3 S3 K1 D4", 0), ("baseline", 1)]  # turn 3 came after 2.5
+    assert all(_gone(p.pid) for p in procs)

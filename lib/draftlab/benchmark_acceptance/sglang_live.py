@@ -3,8 +3,8 @@
 Why: the speed that counts is SGLang's, against its own plain decoding on the same prompts and
 the same `--max-running-requests`. Each plan entry (draftlab.bench.sweep_plan's launch commands)
 becomes a real server; all start at once on the one GPU (start-up, mostly CUDA-graph capture, is
-not measured: the first window waits for all of them) and are then measured one at a time while
-the others idle. Requests go to
+not measured: the first window waits for all of them) and are then measured in rounds, one server
+at a time while the others idle, each round every server's turn. Requests go to
 `/generate` with `input_ids` (the engine's own prompt ids, so engine and server see the same
 tokens) at temperature 0. Per window: tokens/s, and acceptance = sum(completion_tokens) /
 sum(spec_verify_ct) from meta_info (contract §5); after the windows `/server_info`'s lifetime
@@ -12,8 +12,8 @@ average is kept beside it as a cross-check. The first batch-1 window's output id
 with the baseline's: identical-output rate and common-prefix length (bf16 is not bit-lossless
 in SGLang either).
 
-Resumable: each finished entry appends its windows to `OUT/windows.jsonl` and its outputs to
-`OUT/outputs/<label>.jsonl`; a rerun measures only the entries not yet there.
+Resumable: each turn appends its windows to `OUT/windows.jsonl` (`repeat`: the round) and the
+first round its outputs to `OUT/outputs/<label>.jsonl`; a rerun measures only the entries not yet there.
 """
 
 from __future__ import annotations
@@ -239,10 +239,15 @@ def measure(
     samples: int | None = None,
     server=None,
 ) -> list[str]:
-    """Start every server of `entries` not yet measured in `out`, all at once; measure them one at a
-    time; stop each after its windows. Returns the labels measured now. `deadline` (time.time())
-    stops before an entry once passed; what is done stays for the rerun. `server(entry, log_path)`
-    builds the server process (default: an SGLangServer from the entry's launch command)."""
+    """Start every server of `entries` not yet measured in `out`, all at once, then measure them in
+    `repeats` rounds: each round one window per concurrency of every server in turn (the first round
+    after `warmup` unmeasured windows each). Why rounds: windows of one server taken back to back drift
+    together (2026-12-03, one server after another: a draft with base's acceptance read 0.75x base's
+    batch-1 tok/s), so each server's windows are spread over the same stretch of time as the others'.
+    All servers stay up until the last round. Returns the labels measured now. `deadline`
+    (time.time()) is checked before every server's turn: an entry with a round done counts as measured
+    (its windows so far), one with none stays for the rerun. `server(entry, log_path)` builds the
+    server process (default: an SGLangServer from the entry's launch command)."""
     out = Path(out)
     stop_stale()
     todo = [e for e in entries if e.label not in _done_labels(out)]
@@ -254,66 +259,72 @@ def measure(
     try:
         for srv in servers.values():
             srv.launch()
-        ready = set()
+        running = []
         for e in todo:  # all up before the first window: start-up (graph capture) would disturb it
             try:
                 servers[e.label].wait_ready()
-                ready.add(e.label)
+                running.append(e)
                 print(f"{e.label}: ready after {servers[e.label].startup_s:.0f} s", flush=True)
             except ServerStartError as exc:
                 append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": str(exc)[-2000:]}])
                 print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
-        for e in (e for e in todo if e.label in ready):
-            if deadline is not None and time.time() > deadline:
-                print(f"deadline: {e.label} and later entries left for the next call", flush=True)
-                break
-            srv = servers[e.label]
-            t0 = time.perf_counter()
-            try:
-                windows, first = measure_server(
-                    srv.base_url,
-                    e,
-                    prompt_ids,
-                    repeats=repeats,
-                    warmup=warmup,
-                    max_new_tokens=max_new_tokens,
-                    samples=samples,
-                )
-            except (RuntimeError, httpx.HTTPError) as exc:  # one broken server must not cost the others
-                srv.stop()
-                append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": f"measuring: {exc}"[-2000:]}])
-                print(f"{e.label}: failed while measured: {exc} (log {srv.log_path})", flush=True)
-                continue
-            info = srv.server_info()
-            srv.stop()
-            extra = {
-                "server_avg_accept_length": _server_accept_length(info),
-                "startup_s": srv.startup_s,
-                "steps": e.steps,
-                "topk": e.topk,
-                "draft_tokens": e.draft_tokens,
-                "algorithm": e.algorithm,
-                "variant": e.variant,
-                "command": e.command,
-                # the host's load over the last minute, taken after the windows: idle servers that spin show here
-                "load_1min": os.getloadavg()[0],
-            }
-            append_jsonl(
-                out / "outputs" / f"{slug(e.label)}.jsonl",
-                [{"index": r.index, "output_ids": r.output_ids, **asdict(r.usage)} for r in first],
-            )
-            append_jsonl(out / "windows.jsonl", [{**asdict(w), **extra} for w in windows])
-            line = ", ".join(
-                f"c={w.concurrency} {w.tokens_per_s:.0f} tok/s"
-                + (f" acc {w.acceptance_length:.3f}" if w.acceptance_length else "")
-                for w in windows[::repeats]
-            )
-            print(f"{e.label}: {line} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            measured.append(e.label)
+        for rnd in range(repeats):
+            for e in list(running):
+                if deadline is not None and time.time() > deadline:
+                    print(f"deadline: round {rnd + 1} of {repeats} stopped before {e.label}", flush=True)
+                    return measured
+                if _measure_turn(
+                    servers[e.label], e, rnd, prompt_ids, out, warmup if rnd == 0 else 0, max_new_tokens, samples
+                ):
+                    if rnd == 0:
+                        measured.append(e.label)
+                else:
+                    running.remove(e)
     finally:
         for srv in servers.values():
             srv.stop()
     return measured
+
+
+def _measure_turn(srv, e: Entry, rnd: int, prompt_ids, out: Path, warmup: int, max_new_tokens: int, samples) -> bool:
+    """One server's turn in round `rnd`: its windows appended to OUT/windows.jsonl (the first round's
+    replies to OUT/outputs/); False, with the server stopped and the failure recorded, if it broke."""
+    t0 = time.perf_counter()
+    try:
+        windows, first = measure_server(
+            srv.base_url, e, prompt_ids, repeats=1, warmup=warmup, max_new_tokens=max_new_tokens, samples=samples
+        )
+    except (RuntimeError, httpx.HTTPError) as exc:  # one broken server must not cost the others
+        srv.stop()
+        append_jsonl(out / "failures.jsonl", [{"label": e.label, "error": f"measuring: {exc}"[-2000:]}])
+        print(f"{e.label}: failed while measured: {exc} (log {srv.log_path})", flush=True)
+        return False
+    info = srv.server_info()
+    extra = {
+        "server_avg_accept_length": _server_accept_length(info),  # the server's lifetime average so far
+        "startup_s": srv.startup_s,
+        "steps": e.steps,
+        "topk": e.topk,
+        "draft_tokens": e.draft_tokens,
+        "algorithm": e.algorithm,
+        "variant": e.variant,
+        "command": e.command,
+        # the host's load over the last minute, taken after the windows: idle servers that spin show here
+        "load_1min": os.getloadavg()[0],
+    }
+    if rnd == 0:
+        append_jsonl(
+            out / "outputs" / f"{slug(e.label)}.jsonl",
+            [{"index": r.index, "output_ids": r.output_ids, **asdict(r.usage)} for r in first],
+        )
+    append_jsonl(out / "windows.jsonl", [{**asdict(w), "repeat": rnd, **extra} for w in windows])
+    line = ", ".join(
+        f"c={w.concurrency} {w.tokens_per_s:.0f} tok/s"
+        + (f" acc {w.acceptance_length:.3f}" if w.acceptance_length else "")
+        for w in windows
+    )
+    print(f"{e.label} (round {rnd + 1}): {line} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return True
 
 
 def summarize(out: str | Path, baseline: str = "baseline"):

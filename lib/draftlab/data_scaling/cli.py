@@ -87,7 +87,9 @@ def add_recipes_parser(subparsers) -> None:
         default=",".join(map(str, MEASURED_CONCURRENCY)),
         help="comma-separated; acceptance per prompt comes from the first",
     )
-    m.add_argument("--repeats", type=int, default=1, help="measured windows per concurrency (the table: their median)")
+    m.add_argument(
+        "--repeats", type=int, default=3, help="rounds of measured windows over every server (the table: their median)"
+    )
     m.add_argument(
         "--server-flags", default="", help="more SGLang flags for every server (--server-flags=--sleep-on-idle)"
     )

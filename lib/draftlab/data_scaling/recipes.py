@@ -226,14 +226,14 @@ def measure_rows(
     env: dict | None = None,
     deadline: float | None = None,
     port: int = 32000,
-    repeats: int = 1,
+    repeats: int = 3,
     server_flags: tuple[str, ...] = (),
 ) -> list[str]:
     """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
     and each S of `chain` (for the rows of `chain_rows`; None: all); OUT/sglang/. Per concurrency one
-    unmeasured and `repeats` measured windows over every prompt (the table takes their median tok/s: one
-    batch-1 window of a server varied +-20%); acceptance per prompt comes from the first concurrency's
-    replies (their meta_info)."""
+    unmeasured window, then `repeats` rounds of one measured window over every prompt on every server in turn
+    (the table takes their median tok/s: one batch-1 window of a server varied +-20%); acceptance per prompt
+    comes from the first concurrency's replies (their meta_info)."""
     ready = [r for r in rows if trained(out, r)]
     if not ready:
         raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")

@@ -16,7 +16,7 @@ TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANE
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), CONCURRENCY (16,1: the main
 servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
-chain at batch 1), REPEATS (1: measured windows per server and concurrency; the table takes the median),
+chain at batch 1), REPEATS (3: rounds of measured windows, every server's turn in each; the table takes the median),
 SERVER_FLAGS (more SGLang flags for every measured server, e.g. --sleep-on-idle),
 PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not trained), SEND_DRAFTS
 (rows whose trained drafts come back, comma-separated, or none; unset: a train call sends the rows it finished,
@@ -125,7 +125,7 @@ class Knobs:
             published=[r for r in env.get("PUBLISHED", "").split(",") if r],
             carried_drafts=call.repo / ".device/drafts",
             concurrency=get("CONCURRENCY", "16,1"),
-            repeats=int(get("REPEATS", 1)),
+            repeats=int(get("REPEATS", 3)),
             server_flags=env.get("SERVER_FLAGS", ""),
         )
 
