@@ -120,6 +120,22 @@ def test_stop_at_checkpoints_and_stops_the_call(fixture_files, tmp_path):
     assert not json.loads((out / "summary.json").read_text())["finished"]
 
 
+def test_the_learning_rate_schedule_is_a_setting(fixture_files, tmp_path):
+    """lr_schedule: after the warm-up cosine decays towards 0 and constant holds the peak; an unknown one
+    is refused before the target loads."""
+    lrs = {}
+    for schedule in ("cosine", "constant"):
+        out = tmp_path / schedule
+        train(small_config(fixture_files, out, epochs=1, eval_every=100, save_every=100, lr_schedule=schedule))
+        lrs[schedule] = [float(r["lr"]) for r in csv.DictReader(open(out / "train.csv"))]
+    assert len(lrs["cosine"]) == len(lrs["constant"]) > 3
+    assert lrs["constant"][1:] == [3e-3] * (len(lrs["constant"]) - 1)  # one warm-up step, then the peak
+    cosine = lrs["cosine"]
+    assert cosine[-1] < 0.2 * 3e-3 and all(a > b for a, b in zip(cosine[1:], cosine[2:]))
+    with pytest.raises(ValueError, match="lr_schedule = 'wsd', expected one of"):
+        train(small_config(fixture_files, tmp_path / "bad", lr_schedule="wsd"))
+
+
 @pytest.mark.slow
 def test_resume_is_exact(fixture_files, tmp_path):
     straight = train(small_config(fixture_files, tmp_path / "a" / "eagle3", save_every=100, eval_every=100))

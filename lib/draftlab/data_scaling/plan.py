@@ -27,6 +27,7 @@ RECIPE_KEYS = (
     "max_batch",
     "grad_accum",
     "warmup_ratio",
+    "lr_schedule",
     "weight_decay",
     "grad_clip",
     "intermediate_size",

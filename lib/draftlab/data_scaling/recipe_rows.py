@@ -29,6 +29,7 @@ ROWS = {
     "fcnorm": ({"fc_norm": "per_layer"}, "EAGLE 3.1's RMSNorm per captured state before fc"),
     "hardce": ({"loss": "hard"}, "cross-entropy against the target's arg-max instead of its softmax"),
     "lr1e-3": ({"lr": 1e-3}, "twice the peak learning rate"),
+    "lr-const": ({"lr_schedule": "constant"}, "the schedule: the peak learning rate held instead of cosine decay to 0"),
     "ttt3": ({"ttt_steps": 3}, "a shallower training-time test (3 unroll steps instead of 7)"),
     # the answers are regenerated at 256 tokens at most; conversations: median 344 tokens, none over max_len 2048
     "maxlen256": ({"max_len": 256}, "conversations cut at 256 tokens (72% of the tokens): what shorter answers lose"),

@@ -41,7 +41,8 @@ class TrainConfig:
     step_decay: float = 0.8  # loss weight of unroll position i is step_decay**i
     loss: str = "soft"  # soft: CE against the target's softmax over the draft vocabulary | hard: against its arg-max
     lr: float = 1e-4  # AdamW peak learning rate
-    warmup_ratio: float = 0.015  # share of the steps spent warming the learning rate up (then cosine decay)
+    warmup_ratio: float = 0.015  # share of the steps spent warming the learning rate up (then lr_schedule)
+    lr_schedule: str = "cosine"  # after the warm-up: cosine (decay to 0) | linear (to 0) | constant (the peak held)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 0.5  # gradient norm clip
     hidden: str = "online"  # target states: online (a target forward every step) | offline (stored once)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
-from transformers import get_cosine_schedule_with_warmup
+from transformers import get_scheduler
 
 from draftlab.core.files import atomic_write_json
 from draftlab.core.progress import tqdm
@@ -52,6 +52,9 @@ from draftlab.train_draft.objective import (
     targets_at,
 )
 from draftlab.train_draft.vocab import build_draft_vocab, coverage, save_vocab, token_counts
+
+# TrainConfig.lr_schedule -> transformers' scheduler name (each after the warm-up of warmup_ratio)
+LR_SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
 # ---- the training run ------------------------------------------------------------------------
@@ -119,6 +122,8 @@ class TrainingRun:
             raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
         if cfg.hidden not in ("online", "offline"):
             raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
+        if cfg.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule = {cfg.lr_schedule!r}, expected one of {list(LR_SCHEDULES)}")
         if cfg.loss not in LOSSES:
             raise ValueError(f"loss = {cfg.loss!r}, expected one of {list(LOSSES)}")
         if cfg.attention not in ATTENTION_KERNELS:
@@ -254,7 +259,7 @@ class TrainingRun:
         self.feats_val = Features(target, layers, use_aux, offline_val)
 
     def build_optimizer(self) -> None:
-        """The TTT objective (DDP-wrapped when distributed), AdamW and the cosine schedule over all epochs."""
+        """The TTT objective (DDP-wrapped when distributed), AdamW and the learning-rate schedule over all epochs."""
         cfg = self.cfg
         self.objective = TTTObjective(
             self.draft, cfg.ttt_steps, cfg.step_decay, cfg.loss, cfg.recompute_head, cfg.compile
@@ -277,8 +282,11 @@ class TrainingRun:
                 f"{cfg.train_file}: {len(self.lengths)} samples give no full step of {self.per_step} "
                 "batches; lower batch_tokens or add data"
             )
-        self.sched = get_cosine_schedule_with_warmup(
-            self.opt, max(1, round(cfg.warmup_ratio * self.total_steps)), self.total_steps
+        self.sched = get_scheduler(
+            LR_SCHEDULES[cfg.lr_schedule],
+            self.opt,
+            num_warmup_steps=max(1, round(cfg.warmup_ratio * self.total_steps)),
+            num_training_steps=self.total_steps,
         )
         # step -> (epoch, its epoch's plan, index of its first batch within the epoch)
         self.where = [(e, plan, j) for e, plan, steps in self.plans for j in range(steps)]
