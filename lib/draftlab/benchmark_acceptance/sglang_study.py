@@ -163,7 +163,8 @@ def bench_sglang(args: argparse.Namespace) -> int:
         raise InputError(f"{args.eval_set}: {len(prompts)} prompts, fewer than --samples {args.samples}")
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
-    extra = study_server_flags(args.mem_fraction_static, args.max_total_tokens, tuple(shlex.split(args.server_flags)))
+    server_flags = tuple(shlex.split(args.server_flags))
+    extra = study_server_flags(args.mem_fraction_static, args.max_total_tokens, server_flags)
     variants = _variants(args.variant)
     entries = study_entries(
         args.model_path,
@@ -191,7 +192,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
                 "warmup_windows": args.warmup,
                 "repeats": args.repeats,
                 "variants": {name: list(flags) for name, flags in variants},
-                "server_flags": shlex.split(args.server_flags),
+                "server_flags": list(server_flags),
             },
             indent=1,
         )
