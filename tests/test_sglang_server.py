@@ -40,11 +40,11 @@ def _grandchild(log: Path) -> int:
     raise AssertionError(f"no grandchild pid in {log}")
 
 
-def _server(tmp_path, *extra, timeout=20.0):
+def _server(tmp_path, *extra, timeout=20.0, log=None):
     port = free_port()
     return ServerProcess(
         [sys.executable, str(HEALTH), str(port), *extra],
-        tmp_path / "logs" / "srv.log",
+        log or tmp_path / "logs" / "srv.log",
         base_url=f"http://127.0.0.1:{port}",
         startup_timeout=timeout,
         registry=tmp_path / "registry",
@@ -229,16 +229,7 @@ def test_a_deadline_between_turns_keeps_the_rounds_done_and_stops_every_server(t
     procs = []
 
     def server(entry, log):
-        port = free_port()
-        procs.append(
-            ServerProcess(
-                [sys.executable, str(HEALTH), str(port), *(["--accept", "2"] if entry.algorithm else [])],
-                log,
-                base_url=f"http://127.0.0.1:{port}",
-                startup_timeout=20,
-                registry=tmp_path / "registry",
-            )
-        )
+        procs.append(_server(tmp_path, *(["--accept", "2"] if entry.algorithm else []), log=log))
         return procs[-1]
 
     entries = [live.Entry("baseline", "cmd"), live.Entry("EAGLE3 S3 K1 D4", "cmd", [1], 3, 1, 4, "EAGLE3")]
