@@ -50,12 +50,10 @@ PROMPTS = [[i, i + 1, i + 2, i + 3] for i in range(0, 40, 4)]
 def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
     transport, seen = mock_generate(verify_every=2)
     entry = live.Entry("EAGLE3 S3", "cmd", concurrency=[1, 4], steps=3, topk=1, draft_tokens=4, algorithm="EAGLE3")
-    windows, first = live.measure_server(
-        "http://sg:1", entry, PROMPTS, repeats=2, warmup=1, max_new_tokens=4, transport=transport
-    )
-    # per concurrency one unmeasured warm-up window, then two flushed measured ones
-    assert len(windows) == 4 and seen["flush"] == 4
-    assert len(seen["bodies"]) == 2 * 3 * len(PROMPTS)
+    windows, first = live.measure_server("http://sg:1", entry, PROMPTS, warmup=1, max_new_tokens=4, transport=transport)
+    # per concurrency one unmeasured warm-up window, then one flushed measured one
+    assert [w.concurrency for w in windows] == [1, 4] and seen["flush"] == 2
+    assert len(seen["bodies"]) == 2 * 2 * len(PROMPTS)
     assert all(b["sampling_params"] == {"temperature": 0, "max_new_tokens": 4} for b in seen["bodies"])
     assert [b["input_ids"] for b in seen["bodies"][len(PROMPTS) : 2 * len(PROMPTS)]] == PROMPTS
     w = windows[0]
@@ -68,7 +66,7 @@ def test_a_concurrency_window_keeps_its_streams_busy_and_batch_1_uses_the_oracle
     transport, seen = mock_generate(verify_every=2)
     entry = live.Entry("baseline", "cmd", concurrency=[1, 2, 8])
     windows, first = live.measure_server(
-        "http://sg:1", entry, PROMPTS, repeats=1, warmup=0, max_new_tokens=4, samples=3, transport=transport
+        "http://sg:1", entry, PROMPTS, warmup=0, max_new_tokens=4, samples=3, transport=transport
     )
     # batch 1: the first 3 (the engine's oracle prompts); c=2: max(3, 4*2) = 8; c=8: all 10 there are
     assert [w.requests for w in windows] == [3, 8, 10] and len(first) == 3
@@ -78,13 +76,13 @@ def test_a_concurrency_window_keeps_its_streams_busy_and_batch_1_uses_the_oracle
 def test_a_plain_server_has_no_acceptance_and_a_dead_one_fails_loudly():
     transport, _ = mock_generate(verify_every=None)
     windows, _ = live.measure_server(
-        "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0, max_new_tokens=4, transport=transport
+        "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, warmup=0, max_new_tokens=4, transport=transport
     )
     assert windows[0].acceptance_length is None and windows[0].verify_steps is None
     dead = httpx.MockTransport(lambda r: httpx.Response(503, text="down"))
     with pytest.raises(RuntimeError, match="every request failed"):
         live.measure_server(
-            "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, repeats=1, warmup=0, max_new_tokens=4, transport=dead
+            "http://b:1", live.Entry("baseline", "cmd"), PROMPTS, warmup=0, max_new_tokens=4, transport=dead
         )
 
 
@@ -95,7 +93,6 @@ def test_an_answer_without_output_ids_is_an_error_not_a_match():
             "http://b:1",
             live.Entry("baseline", "cmd"),
             PROMPTS[:2],
-            repeats=1,
             warmup=0,
             max_new_tokens=4,
             transport=bad,

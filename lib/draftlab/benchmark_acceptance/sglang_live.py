@@ -132,7 +132,6 @@ def measure_server(
     entry: Entry,
     prompt_ids: list[list[int]],
     *,
-    repeats: int,
     warmup: int,
     max_new_tokens: int,
     samples: int | None = None,
@@ -140,8 +139,9 @@ def measure_server(
     timeout: float = 600.0,
     transport=None,
 ) -> tuple[list[Window], list[Reply]]:
-    """Per concurrency `warmup` unmeasured windows, then `repeats` flushed ones; the replies of the
-    first window at the entry's first concurrency (batch 1 in a study). (Measured 2026-12-01: with 4
+    """One server's turn: per concurrency `warmup` unmeasured windows, then one flushed, measured one
+    (measure() takes its repeats in rounds over all servers); the replies of the window at the entry's
+    first concurrency (batch 1 in a study). (Measured 2026-12-01: with 4
     warm-up prompts the first server measured ran its first three batch-1 windows at 490 tok/s and its
     fifth at 736: the kernels were still compiling.)
 
@@ -160,34 +160,33 @@ def measure_server(
             for c in entry.concurrency:
                 for _ in range(warmup):  # unmeasured: triton compiles kernels per new shape on first use
                     await run_window(client, url, window_prompts(c), c, max_new_tokens)
-                for rep in range(repeats):
-                    flushed = await flush_cache(client, url)
-                    replies, errors, wall = await run_window(client, url, window_prompts(c), c, max_new_tokens)
-                    if not replies:
-                        raise RuntimeError(f"{entry.label}: every request failed; first: {errors[0]}")
-                    usages = [r.usage for r in replies]
-                    tokens = sum(u.completion_tokens for u in usages)
-                    al = acceptance_length(usages)
-                    verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
-                    windows.append(
-                        Window(
-                            entry.label,
-                            url,
-                            c,
-                            rep,
-                            len(replies),
-                            tokens,
-                            verify,
-                            wall,
-                            tokens / wall if wall else 0.0,
-                            al,
-                            flushed,
-                            len(errors),
-                            True,
-                        )
+                flushed = await flush_cache(client, url)
+                replies, errors, wall = await run_window(client, url, window_prompts(c), c, max_new_tokens)
+                if not replies:
+                    raise RuntimeError(f"{entry.label}: every request failed; first: {errors[0]}")
+                usages = [r.usage for r in replies]
+                tokens = sum(u.completion_tokens for u in usages)
+                al = acceptance_length(usages)
+                verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
+                windows.append(
+                    Window(
+                        entry.label,
+                        url,
+                        c,
+                        0,  # measure() records the round as `repeat`
+                        len(replies),
+                        tokens,
+                        verify,
+                        wall,
+                        tokens / wall if wall else 0.0,
+                        al,
+                        flushed,
+                        len(errors),
+                        True,
                     )
-                    if first is None and c == entry.concurrency[0]:
-                        first = sorted(replies, key=lambda r: r.index)
+                )
+                if first is None:
+                    first = sorted(replies, key=lambda r: r.index)
         return windows, first or []
 
     return asyncio.run(go())
@@ -292,7 +291,7 @@ def _measure_turn(srv, e: Entry, rnd: int, prompt_ids, out: Path, warmup: int, m
     t0 = time.perf_counter()
     try:
         windows, first = measure_server(
-            srv.base_url, e, prompt_ids, repeats=1, warmup=warmup, max_new_tokens=max_new_tokens, samples=samples
+            srv.base_url, e, prompt_ids, warmup=warmup, max_new_tokens=max_new_tokens, samples=samples
         )
     except (RuntimeError, httpx.HTTPError) as exc:  # one broken server must not cost the others
         srv.stop()
