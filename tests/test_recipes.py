@@ -11,6 +11,7 @@ from tests.test_train import write_fixture
 
 from draftlab.benchmark_acceptance.sglang_live import slug
 from draftlab.cli import build_parser
+from draftlab.core.errors import InputError
 from draftlab.core.records import append_jsonl
 from draftlab.data_scaling import cli as recipes_cli
 from draftlab.data_scaling import recipe_figures, recipe_rows, recipe_speed, recipes
@@ -198,6 +199,19 @@ def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path
     assert seen["repeats"] == 3 and seen["warmup"] == 1
     windows = [{"label": "base", "concurrency": 1, "tokens_per_s": v} for v in (615, 809, 584)]
     assert recipes._tok_s(windows) == {("base", 1): 615.0}  # one noisy window does not make the row
+
+
+def test_measuring_a_row_whose_training_was_cut_fails_before_any_server_starts(tmp_path, monkeypatch):
+    """2026-12-03: ROWS=epochs10, cut at step 4,509 of 5,012, was left out quietly and the call measured base alone."""
+    trained_rows(tmp_path, "base")
+    (tmp_path / "epochs10" / "train").mkdir(parents=True)
+    summary = {"steps": 4509, "total_steps": 5012, "finished": False}
+    (tmp_path / "epochs10" / "train" / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(recipes, "measure", lambda *a, **kw: pytest.fail("no server may start"))
+    with pytest.raises(InputError, match=r"recipe row epochs10: .*cut at step 4,509 of 5,012"):
+        recipes.measure_rows(["base", "epochs10"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)})
+    with pytest.raises(InputError, match=r"recipe row fcnorm: .*\(not trained\)"):
+        recipes.measure_rows(["base", "fcnorm"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)})
 
 
 def test_recipes_measure_server_flags_reach_every_server(tmp_path, monkeypatch):

@@ -89,6 +89,15 @@ def trained(out: Path, row: str) -> bool:
     return (out / row / "draft" / "model.safetensors").is_file() and (out / row / "train" / "summary.json").is_file()
 
 
+def training_state(out: Path, row: str) -> str:
+    """How far a row's training got, for an error that says what to do next."""
+    summary = out / row / "train" / "summary.json"
+    if not summary.is_file():
+        return "not trained"
+    done = json.loads(summary.read_text())
+    return f"cut at step {done['steps']:,} of {done['total_steps']:,}" if not done["finished"] else "no draft exported"
+
+
 # a row checkpoints and stops itself this long before the deadline (stop_at), where killing it at the deadline
 # would lose the steps since its last checkpoint (up to save_every: 45 steps a row on 2026-12-02)
 STOP_MARGIN_S = 20
@@ -234,11 +243,14 @@ def measure_rows(
     unmeasured window, then `repeats` rounds of one measured window over every prompt on every server in turn
     (the table takes their median tok/s: one batch-1 window of a server varied +-20%); acceptance per prompt
     comes from the first concurrency's replies (their meta_info)."""
-    ready = [r for r in rows if trained(out, r)]
-    if not ready:
-        raise InputError(f"{out}: no row has a trained draft yet (draftlab recipes train)")
+    for r in rows:  # a row left out quietly would cost a whole measuring call (2026-12-03: 454 s of base alone)
+        if not trained(out, r):
+            raise InputError(
+                f"recipe row {r}: no trained draft in {out / r} ({training_state(out, r)}); "
+                "train it to the end first (draftlab recipes train), or leave it out of --rows"
+            )
     entries = row_entries(
-        ready,
+        rows,
         out,
         model_path,
         steps=steps,
