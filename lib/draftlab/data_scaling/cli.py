@@ -7,8 +7,10 @@ import json
 import shlex
 from pathlib import Path
 
+from draftlab.core.errors import InputError
 from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.fits import completion_tokens
+from draftlab.data_scaling.recipe_calibration import calibrate
 from draftlab.data_scaling.recipe_rows import EXTRA_ROWS, ROWS
 from draftlab.data_scaling.recipe_speed import SPEED_VARIANTS, check_speed
 from draftlab.data_scaling.recipes import (
@@ -105,6 +107,22 @@ def add_recipes_parser(subparsers) -> None:
     c.add_argument("--studies", required=True, help="comma-separated study folders, oldest first (the last wins)")
     c.add_argument("--out", required=True, help="folder for table.csv and recipes.png")
     c.set_defaults(func=_combine)
+
+    k = sub.add_parser(
+        "calibrate",
+        help="SGLang acceptance against the training's validation over a combined table's rows; "
+        "estimates for rows trained but not measured: OUT/calibration.json, .csv and .png",
+    )
+    k.add_argument("--table", required=True, help="draftlab recipes combine's table.csv")
+    k.add_argument(
+        "--predict",
+        action="append",
+        default=[],
+        metavar="ROW=TRAIN_DIR",
+        help="a row's train folder (OUT/<row>/train, its summary.json): estimated, not measured",
+    )
+    k.add_argument("--out", required=True)
+    k.set_defaults(func=_calibrate)
 
     z = sub.add_parser(
         "size-curve",
@@ -211,6 +229,29 @@ def _report(args: argparse.Namespace) -> int:
 def _combine(args: argparse.Namespace) -> int:
     df = write_combined([Path(s) for s in _rows(args.studies)], Path(args.out))
     print(df.to_string(index=False))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    predict = {}
+    for item in args.predict:
+        row, sep, train_dir = item.partition("=")
+        if not (sep and row and train_dir):
+            raise InputError(f"recipes calibrate: --predict {item!r}: expected ROW=TRAIN_DIR")
+        predict[row] = Path(train_dir)
+    result = calibrate(Path(args.table), predict, Path(args.out))
+    for prompts, line in result["lines"].items():
+        print(
+            f"{prompts}: sglang = {line['intercept']:.3f} + {line['slope']:.3f} x sim over {len(line['rows'])} rows, "
+            f"r {line['r']:.4f}, residual sd {line['residual_sd']:.3f}, leave-one-out rmse "
+            f"{line['leave_one_out_rmse']:.3f} (worst {line['leave_one_out_worst']['row']} "
+            f"{line['leave_one_out_worst']['miss']:+.3f})"
+        )
+    for e in result["estimates"]:
+        print(
+            f"{e['row']} {e['prompts']}: predicted {e['predicted']:.2f} ({e['low_95']:.2f}-{e['high_95']:.2f}, 95%) "
+            f"from sim {e['sim']:.3f} at step {e['at_step']} (not measured)"
+        )
     return 0
 
 
