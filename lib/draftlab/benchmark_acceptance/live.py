@@ -149,6 +149,17 @@ class Window:
     meta_info: bool  # return_meta_info was accepted by the server
 
 
+def measured_window(label, url, concurrency, repeat, usages, wall, flushed, errors, meta_info) -> Window:
+    """A window's figures from its replies' usages: tokens, and verify steps and acceptance pooled over the window."""
+    tokens = sum(u.completion_tokens for u in usages)
+    al = acceptance_length(usages)
+    verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
+    tok_s = tokens / wall if wall else 0.0
+    return Window(
+        label, url, concurrency, repeat, len(usages), tokens, verify, wall, tok_s, al, flushed, errors, meta_info
+    )
+
+
 def _payload(messages, model: str, max_tokens: int, meta_info: bool) -> dict:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": False}
     if meta_info:
@@ -232,25 +243,8 @@ def bench_endpoint(
                 for rep in range(repeats):
                     flushed = await flush_cache(client, url)
                     usages, errors, wall = await _run_window(client, url, prompts, c, model, max_tokens, meta)
-                    tokens = sum(u.completion_tokens for u in usages)
-                    al = acceptance_length(usages)
-                    verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
                     windows.append(
-                        Window(
-                            label or url,
-                            url,
-                            c,
-                            rep,
-                            len(usages),
-                            tokens,
-                            verify,
-                            wall,
-                            tokens / wall if wall else 0.0,
-                            al,
-                            flushed,
-                            errors,
-                            meta["send"],
-                        )
+                        measured_window(label or url, url, c, rep, usages, wall, flushed, errors, meta["send"])
                     )
                     bar.update(1)
             bar.close()

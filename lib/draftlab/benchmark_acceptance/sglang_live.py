@@ -31,8 +31,8 @@ from draftlab.benchmark_acceptance.breakeven import curve, fit_costs
 from draftlab.benchmark_acceptance.live import (
     Usage,
     Window,
-    acceptance_length,
     flush_cache,
+    measured_window,
     parse_response,
     summarize_windows,
 )
@@ -165,26 +165,8 @@ def measure_server(
                 if not replies:
                     raise RuntimeError(f"{entry.label}: every request failed; first: {errors[0]}")
                 usages = [r.usage for r in replies]
-                tokens = sum(u.completion_tokens for u in usages)
-                al = acceptance_length(usages)
-                verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
-                windows.append(
-                    Window(
-                        entry.label,
-                        url,
-                        c,
-                        0,  # measure() records the round as `repeat`
-                        len(replies),
-                        tokens,
-                        verify,
-                        wall,
-                        tokens / wall if wall else 0.0,
-                        al,
-                        flushed,
-                        len(errors),
-                        True,
-                    )
-                )
+                # repeat 0: measure() records the round as `repeat`
+                windows.append(measured_window(entry.label, url, c, 0, usages, wall, flushed, len(errors), True))
                 if first is None:
                     first = sorted(replies, key=lambda r: r.index)
         return windows, first or []
