@@ -212,6 +212,10 @@ def test_measuring_a_row_whose_training_was_cut_fails_before_any_server_starts(t
         recipes.measure_rows(["base", "epochs10"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)})
     with pytest.raises(InputError, match=r"recipe row fcnorm: .*\(not trained\)"):
         recipes.measure_rows(["base", "fcnorm"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)})
+    with pytest.raises(InputError, match="--chain-rows fcnorm not among --rows base"):  # it got no chain quietly
+        recipes.measure_rows(
+            ["base"], tmp_path, "/m", [[1, 2]], {"held_out": range(1)}, chain=[3], chain_rows=["fcnorm"]
+        )
 
 
 def test_recipes_measure_server_flags_reach_every_server(tmp_path, monkeypatch):

@@ -238,7 +238,7 @@ def measure_rows(
     repeats: int = 3,
     server_flags: tuple[str, ...] = (),
 ) -> list[str]:
-    """Every trained row's draft (and the baseline) in SGLang on the same prompt ids, at chain S = `steps`
+    """Every row's draft (each must be trained) and the baseline in SGLang on the same prompt ids, at chain S = `steps`
     and each S of `chain` (for the rows of `chain_rows`; None: all); OUT/sglang/. Per concurrency one
     unmeasured window, then `repeats` rounds of one measured window over every prompt on every server in turn
     (the table takes their median tok/s: one batch-1 window of a server varied +-20%); acceptance per prompt
@@ -249,6 +249,8 @@ def measure_rows(
                 f"recipe row {r}: no trained draft in {out / r} ({training_state(out, r)}); "
                 "train it to the end first (draftlab recipes train), or leave it out of --rows"
             )
+    if stray := sorted(set(chain_rows or ()) - set(rows)):
+        raise InputError(f"recipes measure: --chain-rows {','.join(stray)} not among --rows {','.join(rows)}")
     entries = row_entries(
         rows,
         out,
