@@ -97,6 +97,11 @@ def test_bad_inputs_name_the_file_and_field(tmp_path):
         cal.calibrate(table(tmp_path), {"lr-const": no_eval}, tmp_path / "out")
     with pytest.raises(InputError, match="ttt3 cannot be estimated: its validation simulates 3 steps"):
         cal.calibrate(table(tmp_path), {"ttt3": no_eval}, tmp_path / "out")
+    (no_eval / "summary.json").write_text("{torn")
+    with pytest.raises(InputError, match=r"summary.json: not JSON"):
+        cal.calibrate(table(tmp_path), {"lr-const": no_eval}, tmp_path / "out")
+    with pytest.raises(InputError, match=r"nowhere.csv: missing"):
+        cal.calibrate(tmp_path / "nowhere.csv", {}, tmp_path / "out")
     bare = tmp_path / "bare.csv"
     pd.DataFrame([{"row": "base"}]).to_csv(bare, index=False)
     with pytest.raises(InputError, match="no column 'val_sim_acceptance'"):
