@@ -89,12 +89,17 @@ def trained(out: Path, row: str) -> bool:
     return (out / row / "draft" / "model.safetensors").is_file() and (out / row / "train" / "summary.json").is_file()
 
 
+def train_summary(out: Path, row: str) -> dict | None:
+    """A row's OUT/<row>/train/summary.json (None before its training wrote one)."""
+    path = out / row / "train" / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def training_state(out: Path, row: str) -> str:
     """How far a row's training got, for an error that says what to do next."""
-    summary = out / row / "train" / "summary.json"
-    if not summary.is_file():
+    done = train_summary(out, row)
+    if done is None:
         return "not trained"
-    done = json.loads(summary.read_text())
     return f"cut at step {done['steps']:,} of {done['total_steps']:,}" if not done["finished"] else "no draft exported"
 
 
@@ -107,8 +112,8 @@ def row_status(out: Path, row: str, rc: int | None) -> str:
     """done; cut (killed at the deadline, or stopped itself at stop_at: exit 0, summary not finished); failed."""
     if rc == 0 and trained(out, row):
         return "done"
-    summary = out / row / "train" / "summary.json"
-    if rc is None or (rc == 0 and summary.is_file() and not json.loads(summary.read_text())["finished"]):
+    summary = train_summary(out, row)
+    if rc is None or (rc == 0 and summary is not None and not summary["finished"]):
         return "cut"
     return f"failed (exit {rc})"
 
@@ -383,9 +388,8 @@ def table(out: Path) -> pd.DataFrame:
             line[f"sglang_tok_s_c{c}"] = tok_s.get((row, c))
             base = tok_s.get(("baseline", c))
             line[f"sglang_speedup_c{c}"] = tok_s[(row, c)] / base if base and (row, c) in tok_s else None
-        summary = out / row / "train" / "summary.json"
-        if summary.is_file():
-            s = json.loads(summary.read_text())
+        s = train_summary(out, row)
+        if s is not None:
             # the rate over every call (summaries from before 2026-12-02 have only the last call's)
             line.update(
                 {
