@@ -69,3 +69,17 @@ def test_a_missing_item_or_an_unknown_kind_is_refused(tmp_path):
     assert missing.returncode == 1 and ".whl missing" in missing.stderr
     unknown = cargo(here, "pack", "3K", CARGO="sglang")
     assert unknown.returncode == 2 and "expected all or train" in unknown.stderr
+
+
+@pytest.mark.parametrize("kind", ["all", "train"])
+def test_a_compile_cache_sent_back_travels_with_either_kind(tmp_path, kind):
+    cache = {".device/compile-cache/compile-cache.tar.xz": b"c" * 800}
+    here = checkout(tmp_path / "here", {**TRAIN, **SGLANG, **cache})
+    assert cargo(here, "pack", "3K", **({"CARGO": kind} if kind != "all" else {})).returncode == 0
+    there = checkout(tmp_path / "there", {})
+    for chunk in sorted((here / ".device/cargo").iterdir()):
+        shutil.copytree(chunk, there / ".device/cargo" / chunk.name)
+    received = cargo(there, "receive", CARGO_HOLD=str(tmp_path / "hold"))
+    assert received.returncode == 0, received.stderr
+    name = ".device/compile-cache/compile-cache.tar.xz"
+    assert (there / ".device/compile-cache").is_symlink() and (there / name).read_bytes() == cache[name]

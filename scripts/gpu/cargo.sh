@@ -13,6 +13,8 @@
 #          all N are there, unpacks them into /tmp/cargo/root and links its folders into the repo copy
 #          (every call again: the links are part of the repo copy, the unpacked files of /tmp)
 # Call N carries .device/cargo/cN; chunks may come in any order; a chunk carried twice is a no-op.
+# .device/compile-cache/compile-cache.tar.xz, when a session sent its compilers' caches back (SEND_COMPILE_CACHE=1,
+# draftlab.run.gpu_compile_cache), travels with either kind and is unpacked by the call's set-up.
 # CARGO=train packs only what training needs (the target, the wheels, the reference draft that recipes.sh
 # stages as row `base`): 5 chunks instead of 14, for a session that trains and sends drafts back but does
 # not start SGLang (2026-12-02: a machine taken back mid-call cost the whole cargo).
@@ -24,7 +26,9 @@ case ${CARGO:-all} in
   train) ITEMS=("${TARGET[@]}" .device/drafts/eagle3) ;;
   *) echo "cargo: CARGO=${CARGO} (expected all or train)" >&2; exit 2 ;;
 esac
-LINKS=(.device/a .device/b .whl .device/sglang .device/drafts)
+# the compilers' caches a session sent back (draftlab.run.gpu_compile_cache), when there: both kinds carry them
+[ -f .device/compile-cache/compile-cache.tar.xz ] && ITEMS+=(.device/compile-cache)
+LINKS=(.device/a .device/b .whl .device/sglang .device/drafts .device/compile-cache)
 HOLD=${CARGO_HOLD:-/tmp/cargo}
 
 tree_mib() {  # what every call carries besides its chunk: the tracked and untracked-unignored files, in MiB
@@ -73,7 +77,7 @@ receive() {
   fi
   mkdir -p .device
   for l in "${LINKS[@]}"; do
-    [ -e "$HOLD/root/$l" ] || continue  # (CARGO=train: no SGLang bundle)
+    [ -e "$HOLD/root/$l" ] || continue  # (CARGO=train: no SGLang bundle; no compile cache sent back yet)
     if [ -e "$l" ] && [ ! -L "$l" ]; then echo "cargo: $l is already here (carried?): kept"; continue; fi
     ln -sfn "$HOLD/root/$l" "$l"
   done

@@ -5,7 +5,7 @@
 # The step logic (set-up, stages until the deadline, resume and cut rules, benchmarks, state and
 # packing, sglang.sh's and recipes.sh's phases, bench_draft.sh's benches, the regeneration servers) is Python:
 # draftlab.run.gpu_step and the modules it names (gpu_call, gpu_stages, gpu_bench, gpu_pack, gpu_sglang,
-# gpu_recipes, gpu_draft_bench, gpu_regen);
+# gpu_recipes, gpu_draft_bench, gpu_regen, gpu_compile_cache);
 # the functions below call it with this call's deadline (GPU_CALL_T0, GPU_CALL_DEADLINE), so `left`
 # here and there agree.
 set -uo pipefail

@@ -16,6 +16,7 @@
 # The phases and their knobs (ROWS, PARALLEL, SPEED_STEPS, SPEED_SAMPLES, SPEED_VARIANTS, TRAIN_SET, SAMPLES,
 # HUMANEVAL, RECIPES_TARGET, CHAIN, CHAIN_ROWS, CONCURRENCY, REPEATS, SERVER_FLAGS, PUBLISHED, SEND_DRAFTS, REGEN_ROWS,
 # REGEN_SERVERS, REGEN_CONCURRENCY, PREFIX, BUDGET_S): the docstring of draftlab.run.gpu_recipes.
+# SEND_COMPILE_CACHE=1: the compilers' caches come back too (draftlab.run.gpu_compile_cache; the next cargo carries them).
 # Exit 0: done; 3: call again with the same PHASE; 1: failed; 2: an unknown PHASE.
 source "$(dirname "$0")/common.sh"
 PHASE=${PHASE:-stash}

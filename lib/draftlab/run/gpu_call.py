@@ -100,6 +100,11 @@ class Call:
         return self.results / self.run_id
 
     @property
+    def compile_cache(self) -> Path:
+        """Triton's and Inductor's on-disk caches (draftlab.run.gpu_compile_cache carries them between sessions)."""
+        return self.dl / "compile-cache"
+
+    @property
     def sglang_prefix(self) -> Path:
         return self.prefix or self.dl / "sglang"
 
@@ -121,7 +126,7 @@ class Call:
         print(f"[{now:%H:%M:%S} +{int(time.time()) - self.t0}s] {message}", flush=True)
 
     def environ(self) -> dict[str, str]:
-        """What every command of the call runs with (common.sh exports the same)."""
+        """What every command of the call runs with (common.sh exports the same, less the compile caches')."""
         path = os.environ.get("PYTHONPATH", "")
         head = f"{self.repo / 'lib'}:{self.site}"
         return {
@@ -135,6 +140,8 @@ class Call:
             "PYTHONPATH": path if path.startswith(head) else f"{head}{':' + path if path else ''}",
             "GPU_CALL_T0": str(self.t0),
             "GPU_CALL_DEADLINE": str(self.deadline),
+            "TRITON_CACHE_DIR": str(self.compile_cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.compile_cache / "inductor"),
         }
 
     def enter(self) -> "Call":

@@ -20,7 +20,8 @@ that scripts/gpu/common.sh's functions call.
 Knobs: the environment as draftlab.run.gpu_call reads it (OUT, DL, SITE, SCRATCH, PROFILE, BUDGET_S,
 STAGES, P<NN>); BENCHES=1 adds the benchmarks of issues 4 and 5; ATTN_CHECK=0 skips the cuDNN check;
 regen-servers reads K, N, CONCURRENCY, MEM, FULL, regen-feed N, C, draft-benches SAMPLES, MIN_LEFT,
-BENCH and trace-setup LIMIT as their scripts did.
+BENCH and trace-setup LIMIT as their scripts did. Every command first unpacks a carried compile cache
+(draftlab.run.gpu_compile_cache); SEND_COMPILE_CACHE=1 sends the call's back after a sglang or recipes phase.
 The options win over the environment.
 """
 
@@ -30,7 +31,17 @@ import argparse
 import os
 import sys
 
-from draftlab.run import gpu_bench, gpu_call, gpu_draft_bench, gpu_pack, gpu_recipes, gpu_regen, gpu_sglang, gpu_stages
+from draftlab.run import (
+    gpu_bench,
+    gpu_call,
+    gpu_compile_cache,
+    gpu_draft_bench,
+    gpu_pack,
+    gpu_recipes,
+    gpu_regen,
+    gpu_sglang,
+    gpu_stages,
+)
 from draftlab.run.gpu_call import Call
 
 DONE, AGAIN, FAILED = 0, 3, 1  # step's exit codes
@@ -154,6 +165,7 @@ def call_from(args) -> Call:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     call = call_from(args)
+    gpu_compile_cache.restore(call)  # before anything compiles; once per machine
     if args.command == "step":
         return step(call, benches=args.benches, attn_check=args.attn_check)
     if args.command in SETUP:
@@ -168,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.name == "generate":
             return gpu_bench.bench_generate(call, *args.generate) if len(args.generate) == 3 else 2
         return gpu_bench.BENCHES[args.name](call)
-    if args.command == "sglang":
-        return gpu_sglang.run_phase(call, args.phase)
-    if args.command == "recipes":
-        return gpu_recipes.run_phase(call, args.phase)
+    if args.command in ("sglang", "recipes"):
+        rc = (gpu_sglang if args.command == "sglang" else gpu_recipes).run_phase(call, args.phase)
+        if os.environ.get("SEND_COMPILE_CACHE") == "1":
+            gpu_compile_cache.send(call)
+        return rc
     if args.command == "draft-benches":
         return gpu_draft_bench.run(call)
     if args.command == "trace-setup":
