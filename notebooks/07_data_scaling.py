@@ -138,11 +138,14 @@ nb.save_metrics(run, scaling.study_metrics(plan, settings, plan.notes + recipe_n
 # epochs (steps in proportion to the samples), and measures every draft in SGLang at chain S = 6 on the same
 # 64 held-out prompts. Their acceptance, with a bootstrap error over prompts, gets the fits above; the extra
 # data is priced at this run's regeneration rate and the largest point's training time. An SGLang figure,
-# not a simulated one: the number a server user gets.
+# not a simulated one: the number a server user gets. Since every size ran 5 epochs, the curve mixes data
+# with steps: the second figure sets rows with other passes (10 epochs on the same data, twice the data at
+# the same steps) beside the size rows, against the optimizer steps.
 
 # %%
-sglang_curve, fig = scaling.sglang_size_curve(SGLANG_STUDIES, work / "sglang", regen, FACTOR, GOAL)
-nb.save_figure(run, fig, "sglang_acceptance_vs_data")
+sglang_curve, figs = scaling.sglang_size_curve(SGLANG_STUDIES, work / "sglang", regen, FACTOR, GOAL)
+for name, fig in figs.items():
+    nb.save_figure(run, fig, name)
 
 # %% [markdown]
 # ## Findings

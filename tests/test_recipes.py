@@ -455,7 +455,8 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     study = tmp_path / "study"
     (study / "sglang" / "outputs").mkdir(parents=True)
     sizes = {"n1351": 1351, "n2702": 2702, "n5403": 5403, "n10806": 10806, "base": 21612}
-    entries = recipes.row_entries([*sizes, "fcnorm"], study, "/m", steps=6, concurrency=[16], port=32000)
+    served_rows = [*sizes, "fcnorm", "epochs10"]
+    entries = recipes.row_entries(served_rows, study, "/m", steps=6, concurrency=[16], port=32000)
     plan = {
         "steps": 6,
         "sets": {"held_out": [0, 8], "humaneval": [8, 9]},
@@ -463,7 +464,7 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
         "entries": [e.__dict__ for e in entries],
     }
     (study / "sglang" / "plan.json").write_text(json.dumps(plan))
-    for k, row in enumerate([*sizes, "fcnorm"]):
+    for k, row in enumerate(served_rows):
         target = 4.0 - 2.0 * (1351 * 2**k / 1000) ** -0.5  # a saturating truth, 8 prompts each, some spread
         append_jsonl(
             study / "sglang" / "outputs" / f"{slug(row)}.jsonl",
@@ -480,13 +481,19 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
         (study / row / "train").mkdir(parents=True)
         (study / row / "train" / "summary.json").write_text(
             json.dumps(
-                {"train_stats": {"kept": sizes.get(row, 21612)}, "elapsed_total_s": 60.0 * 2**k, "tokens_per_s": 1.0}
+                {
+                    "train_stats": {"kept": sizes.get(row, 21612)},
+                    "elapsed_total_s": 60.0 * 2**k,
+                    "tokens_per_s": 1.0,
+                    "total_steps": 10 * 2**k,
+                }
             )
         )
     regeneration = {"tok_s": 48000.0, "mean_completion_tokens": 240.0}
-    got, fig = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
-    assert fig is not None
+    got, figs = write_size_curve(recipes.combined_table([study]), tmp_path / "curve", regeneration)
+    assert set(figs) == {"sglang_acceptance_vs_data", "sglang_data_or_passes"}
     assert [p["row"] for p in got["points"]] == list(sizes)  # fcnorm changes the recipe: not a size point
+    assert [(p["row"], p["n"], p["epochs"], p["steps"]) for p in got["passes"]] == [("epochs10", 21612, 10.0, 640)]
     assert [p["n"] for p in got["points"]] == list(sizes.values())
     assert all(p["sglang_acceptance_se"] > 0 and p["prompts"] == 8 for p in got["points"])
     extra = got["extrapolation"]["eagle3"]
@@ -496,11 +503,14 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     assert extra["loglinear"]["ok"] and extra["saturating"]["ok"]
     assert extra["saturating"]["pred_new"] < extra["loglinear"]["pred_new"]  # it bends, log-linear does not
     assert json.loads((tmp_path / "curve" / "size_curve.json").read_text())["points"] == got["points"]
-    assert (tmp_path / "curve" / "size_curve.png").is_file()
+    assert (tmp_path / "curve" / "size_curve.png").is_file() and (tmp_path / "curve" / "data_or_passes.png").is_file()
     lines = size_curve_lines(got)
     assert lines[0].startswith("n1351: 1,351 conversations -> ") and "saturating: " in lines[-2]
+    base = got["points"][-1]["sglang_acceptance"]
+    assert lines[5].startswith("epochs10: 21,612 conversations x 10 epochs (640 steps) -> ")
+    assert lines[5].endswith(f"; base, the same conversations x 5 epochs (160 steps): {base:.2f}")
     assert lines[-1].startswith(f"the extra 194,508 conversations: {extra['regeneration_hours']:.2f} h")
-    assert sglang_size_curve([], tmp_path / "none", regeneration) == (None, None)
+    assert sglang_size_curve([], tmp_path / "none", regeneration) == (None, {})
 
 
 def test_size_curve_warns_when_its_points_were_read_at_different_batches():

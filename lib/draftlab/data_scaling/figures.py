@@ -80,6 +80,52 @@ def plot_scaling(
     return fig
 
 
+def plot_data_or_passes(sizes: list[dict], passes: list[dict], metric: str):
+    """Acceptance vs optimizer steps (log x): the size rows (5 epochs, the data grows with the steps) as one line,
+    each row with other passes (more epochs on the same data, more data at the same steps) as a point beside it:
+    what the size curve's steps buy without new data. 95% bars."""
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    series = (
+        (sizes, "o-", "tab:blue", "5 epochs on more conversations"),
+        (passes, "D", "tab:red", "the same recipe with other passes"),
+    )
+    for rows, style, color, label in series:
+        points = sorted((p for p in rows if p.get("steps")), key=lambda p: p["steps"])
+        if not points:
+            continue
+        ax.errorbar(
+            [p["steps"] for p in points],
+            [p[metric] for p in points],
+            yerr=[1.96 * (p.get(metric + "_se") or 0) for p in points],
+            fmt=style,
+            color=color,
+            capsize=3,
+            label=label,
+        )
+        for p in points:
+            ax.annotate(
+                f"{p['row']}: {p['n']:,} x {p['epochs']:g}",
+                (p["steps"], p[metric]),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize=8,
+            )
+    ax.set_xscale("log")
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.8)  # room for the last point's label
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel("optimizer steps (conversations x epochs / batch)")
+    ax.set_ylabel("acceptance length in SGLang, held-out (chain S = 6)")
+    ax.set_title("More data or more passes? The reference recipe's rows in SGLang (bars: 95%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
 def plot_chain_scaling(results: list[dict], chain_fits: dict, factor: float, goal: float | None, steps: int):
     """plot_scaling of the real chain acceptance length at S = `steps`; None when no point has one
     (SPEC_PROMPTS = 0: nb.save_figure then saves nothing)."""

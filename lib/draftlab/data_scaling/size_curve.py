@@ -5,6 +5,9 @@ Its points are the rows that differ from the reference recipe only in how many c
 (SIZE_ROWS, all at 5 epochs, so the steps grow with the samples); each gets its SGLang held-out acceptance
 with a bootstrap standard error over prompts, and the conversations and training seconds of its own summary.
 The fits and the extrapolation are notebook 07's (data_scaling.fits: log-linear and saturating, 95% bands).
+Since every size ran 5 epochs, the curve mixes more data with more steps; the PASSES_ROWS (the same recipe with
+other passes: twice the epochs on the same data, twice the data at the same steps) tell the two apart, drawn
+against the optimizer steps beside the size rows.
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ import pandas as pd
 from draftlab.core.acceptance import acceptance_length, acceptance_se
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_path
-from draftlab.data_scaling.figures import fits_as_dict, plot_scaling
+from draftlab.data_scaling.figures import fits_as_dict, plot_data_or_passes, plot_scaling
 from draftlab.data_scaling.fits import extrapolate, fit_all
+from draftlab.data_scaling.recipe_rows import recipe
 from draftlab.data_scaling.recipes import combined_table, replies_of, served
 
 SIZE_ROWS = ("n1351", "n2702", "n5403", "n10806", "base", "data2x-5ep")
+PASSES_ROWS = ("epochs10", "data2x")  # the reference recipe with other passes over the conversations
 METRIC = "sglang_acceptance"
 
 
-def size_points(combined: pd.DataFrame) -> list[dict]:
-    """One point per measured SIZE_ROWS row of a combined table: its study's held-out replies and summary."""
+def size_points(combined: pd.DataFrame, rows=SIZE_ROWS) -> list[dict]:
+    """One point per measured row of `rows` in a combined table: its study's held-out replies and summary."""
     points = []
-    for _, line in combined[combined["row"].isin(SIZE_ROWS)].iterrows():
+    for _, line in combined[combined["row"].isin(rows)].iterrows():
         study = Path(line["study"])
         sets = json.loads((study / "sglang" / "plan.json").read_text())["sets"]
         tokens, verify = served(replies_of(study / "sglang", line["row"]), range(*sets["held_out"]))
@@ -46,6 +51,8 @@ def size_points(combined: pd.DataFrame) -> list[dict]:
                 f"{METRIC}_se": acceptance_se(tokens, verify),
                 "prompts": len(tokens),
                 "train_s": summary["elapsed_total_s"],
+                "steps": summary.get("total_steps"),
+                "epochs": recipe(line["row"])["epochs"],
                 "concurrency": _concurrency(line),
             }
         )
@@ -62,9 +69,9 @@ def write_size_curve(
     combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
 ) -> tuple[dict, object]:
     """OUT/size_curve.json (points, fits, the extrapolation to `factor` x the largest set with its
-    regeneration and training hours) and OUT/size_curve.png; `regeneration` is a measured
-    {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its source.
-    Returns (that result, the figure; None without a point)."""
+    regeneration and training hours, the PASSES_ROWS' points) and OUT/size_curve.png, OUT/data_or_passes.png;
+    `regeneration` is a measured {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its
+    source. Returns (that result, {figure name: figure}, empty without a point)."""
     points = size_points(combined)
     fits = fit_all(points, metric=METRIC) if points else {}
     result = {
@@ -72,17 +79,24 @@ def write_size_curve(
         "fits": fits_as_dict(fits),
         "regeneration": regeneration,
         "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
+        "passes": size_points(combined, PASSES_ROWS),
         "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipe_rows.ROWS)",
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
-    fig = None
+    figs = {}
     if points:
         fig = plot_scaling(points, fits, factor, goal, metric=METRIC)
         fig.axes[0].set_ylabel("acceptance length in SGLang, held-out (chain S = 6)")
         fig.axes[0].set_title("The recipe study's data-size rows in SGLang (bars and bands: 95%)")
-        fig.savefig(out / "size_curve.png", dpi=120)
-    return result, fig
+        figs["sglang_acceptance_vs_data"] = fig
+        figs["sglang_data_or_passes"] = plot_data_or_passes(points, result["passes"], metric=METRIC)
+        for name, file in (
+            ("sglang_acceptance_vs_data", "size_curve.png"),
+            ("sglang_data_or_passes", "data_or_passes.png"),
+        ):
+            figs[name].savefig(out / file, dpi=120)
+    return result, figs
 
 
 def size_curve_lines(result: dict) -> list[str]:
@@ -94,11 +108,25 @@ def size_curve_lines(result: dict) -> list[str]:
         f"in SGLang ({p['prompts']} held-out prompts), trained in {p['train_s'] / 60:.1f} min"
         for p in result["points"]
     ]
-    batches = sorted({p.get("concurrency") for p in result["points"]}, key=lambda b: (b is None, b or 0))
+    by_n = {p["n"]: p for p in result["points"]}
+    for p in result.get("passes", []):
+        same = by_n.get(p["n"])
+        lines.append(
+            f"{p['row']}: {p['n']:,} conversations x {p['epochs']:g} epochs ({p['steps'] or 0:,} steps) -> "
+            f"{p[METRIC]:.2f} +- {1.96 * (p[f'{METRIC}_se'] or 0):.2f}"
+            + (
+                f"; {same['row']}, the same conversations x {same['epochs']:g} epochs ({same['steps'] or 0:,} steps): "
+                f"{same[METRIC]:.2f}"
+                if same
+                else ""
+            )
+        )
+    every = result["points"] + result.get("passes", [])
+    batches = sorted({p.get("concurrency") for p in every}, key=lambda b: (b is None, b or 0))
     if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 on 2026-12-02)
         lines.append(
             f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
-            "size rows at one concurrency"
+            "size and passes rows at one concurrency"
         )
     extra = result["extrapolation"].get("eagle3", {})
     for model in ("loglinear", "saturating"):
@@ -122,11 +150,11 @@ def size_curve_lines(result: dict) -> list[str]:
 def sglang_size_curve(
     studies: list[str], out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
 ) -> tuple[dict | None, object]:
-    """Notebook 07's section in SGLang: the curve of these recipe-study folders (none given: (None, None)),
-    printed; returns (result, figure)."""
+    """Notebook 07's section in SGLang: the curve of these recipe-study folders (none given: (None, {})),
+    printed; returns (result, {figure name: figure})."""
     if not studies:
         print("no recipe-study folders given (SGLANG_STUDIES): the SGLang curve is skipped")
-        return None, None
-    result, fig = write_size_curve(combined_table([repo_path(s) for s in studies]), out, regeneration, factor, goal)
+        return None, {}
+    result, figs = write_size_curve(combined_table([repo_path(s) for s in studies]), out, regeneration, factor, goal)
     print("\n".join(size_curve_lines(result)))
-    return result, fig
+    return result, figs
