@@ -9,7 +9,13 @@ import numpy as np
 from draftlab.data_scaling.fits import MODELS
 from draftlab.data_scaling.plan import ARCHS
 
+
 # ---------------------------------------------------------------------------------- figures
+def errorbars_95(ax, x: list, points: list[dict], metric: str, **style) -> None:
+    """Each point's `metric` at x with its 95% bar (1.96 x its `metric`_se, none when unknown)."""
+    ax.errorbar(
+        x, [p[metric] for p in points], yerr=[1.96 * (p.get(metric + "_se") or 0) for p in points], capsize=3, **style
+    )
 
 
 def plot_scaling(
@@ -34,13 +40,13 @@ def plot_scaling(
         for src, marker in (("scaling", "o"), ("04", "s")):
             pts = [r for r in rows if r["source"] == src]
             if pts:
-                ax.errorbar(
+                errorbars_95(
+                    ax,
                     [r["n"] for r in pts],
-                    [r[metric] for r in pts],
-                    yerr=[1.96 * (r.get(metric + "_se") or 0) for r in pts],
+                    pts,
+                    metric,
                     fmt=marker,
                     color=c,
-                    capsize=3,
                     label=f"{labels[arch]}" + (" (04 draft)" if src == "04" else ""),
                 )
         chain = [r for r in rows if r.get("chain_acceptance_length")]
@@ -96,15 +102,7 @@ def plot_data_or_passes(sizes: list[dict], passes: list[dict], metric: str):
         points = sorted((p for p in rows if p.get("steps")), key=lambda p: p["steps"])
         if not points:
             continue
-        ax.errorbar(
-            [p["steps"] for p in points],
-            [p[metric] for p in points],
-            yerr=[1.96 * (p.get(metric + "_se") or 0) for p in points],
-            fmt=style,
-            color=color,
-            capsize=3,
-            label=label,
-        )
+        errorbars_95(ax, [p["steps"] for p in points], points, metric, fmt=style, color=color, label=label)
         for p in points:
             ax.annotate(
                 f"{p['row']}: {p['n']:,} x {p['epochs']:g}",
