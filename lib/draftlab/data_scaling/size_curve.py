@@ -67,7 +67,7 @@ def _concurrency(line: pd.Series) -> int | None:
 
 def write_size_curve(
     combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
-) -> tuple[dict, object]:
+) -> tuple[dict, dict]:
     """OUT/size_curve.json (points, fits, the extrapolation to `factor` x the largest set with its
     regeneration and training hours, the PASSES_ROWS' points) and OUT/size_curve.png, OUT/data_or_passes.png;
     `regeneration` is a measured {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its
@@ -149,7 +149,7 @@ def size_curve_lines(result: dict) -> list[str]:
 
 def sglang_size_curve(
     studies: list[str], out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
-) -> tuple[dict | None, object]:
+) -> tuple[dict | None, dict]:
     """Notebook 07's section in SGLang: the curve of these recipe-study folders (none given: (None, {})),
     printed; returns (result, {figure name: figure})."""
     if not studies:
