@@ -1,7 +1,8 @@
 """A real HTTP server process for the process-management tests: `python health_server.py PORT
-[--ready-after S] [--spawn-child] [--accept A] [--fail-generate]`. It answers GET /health with 200 once S seconds have
-passed (503 before), and with --spawn-child it starts a sleeping grandchild (as SGLang's launcher
-starts its scheduler) whose pid it prints, so tests can check that the whole group goes. It also
+[--ready-after S] [--spawn-child | --stubborn-child] [--accept A] [--fail-generate]`. It answers GET /health with 200
+once S seconds have passed (503 before), and with --spawn-child it starts a sleeping grandchild (as SGLang's launcher
+starts its scheduler) whose pid it prints, so tests can check that the whole group goes (--stubborn-child: one that
+ignores SIGTERM, so only the group's SIGKILL ends it, after this process has exited). It also
 answers POST /flush_cache and POST /generate in SGLang's shapes (output ids = the input ids + 1, at
 most max_new_tokens; with --accept A, spec_verify_ct = ceil(tokens / A)) so a measurement loop can
 run against a real process (with --fail-generate every /generate answers 500, as a server whose
@@ -19,8 +20,9 @@ ready_after = float(sys.argv[sys.argv.index("--ready-after") + 1]) if "--ready-a
 accept = float(sys.argv[sys.argv.index("--accept") + 1]) if "--accept" in sys.argv else None
 fail_generate = "--fail-generate" in sys.argv
 t0 = time.monotonic()
-if "--spawn-child" in sys.argv:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+if "--spawn-child" in sys.argv or "--stubborn-child" in sys.argv:
+    ignore = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " if "--stubborn-child" in sys.argv else ""
+    child = subprocess.Popen([sys.executable, "-c", ignore + "import time; time.sleep(600)"])
     print(f"grandchild {child.pid}", flush=True)
 
 

@@ -80,6 +80,22 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Wait until no process of group `pgid` is left, reaped ones included (a member killed after its leader
+    exited is reaped by init a moment later): whether it went within `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # not ours to wait for
+            return False
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+
+
 def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0) -> list[dict]:
     """Stop every recorded server that outlived the draftlab process that started it (its recorded
     parent is gone) and still runs the recorded command (a pid reused by another program is left
@@ -339,6 +355,7 @@ class ServerProcess:
             proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             pass
+        _wait_group_gone(proc.pid, 5.0)  # so that a caller (or a test) never sees the group still there
         (self.registry / f"{proc.pid}.json").unlink(missing_ok=True)
 
     def server_info(self, timeout: float = 10.0) -> dict | None:
