@@ -62,7 +62,7 @@ def test_a_cache_too_large_for_what_the_call_returns_is_not_sent(tmp_path, monke
     (call.compile_cache / "triton").mkdir(parents=True)
     (call.compile_cache / "triton/big.cubin").write_bytes(os.urandom(300_000))  # incompressible
     (call.out / "recipes.tar.gz").write_bytes(b"r" * 100)
-    monkeypatch.setattr(gpu_compile_cache, "OUT_BYTES", 200_000)
+    monkeypatch.setattr(gpu_compile_cache.gpu_pack, "OUT_BYTES", 200_000)
     monkeypatch.setattr(gpu_compile_cache, "OUT_MARGIN", 0)
     assert gpu_compile_cache.send(call) == 1
     assert sorted(p.name for p in call.out.iterdir()) == ["recipes.tar.gz"]  # no part left behind

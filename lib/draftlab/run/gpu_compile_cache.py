@@ -15,13 +15,13 @@ from __future__ import annotations
 import subprocess
 import tarfile
 
+from draftlab.run import gpu_pack
 from draftlab.run.gpu_call import Call
 from draftlab.run.gpu_pack import PART_BYTES, human, write_parts
 
 CARRIED = ".device/compile-cache/compile-cache.tar.xz"  # in the repo copy, linked there by cargo.sh
 RESTORED = ".restored"  # in Call.compile_cache: the carried cache is unpacked
 PARTS = "compile-cache.tar.xz.part-"  # in OUT
-OUT_FILES, OUT_BYTES = 8, 64 * 1024 * 1024  # what a call brings back at most (the device's limits)
 OUT_MARGIN = 1024 * 1024  # the call's log still grows after the parts are written
 
 
@@ -52,8 +52,8 @@ def send(call: Call) -> int:
         call.say(f"compile cache: {cache} is empty; nothing to send")
         return 1
     held = [p for p in call.out.iterdir() if p.is_file() and not p.name.startswith(PARTS)]
-    room = OUT_BYTES - OUT_MARGIN - sum(p.stat().st_size for p in held)
-    room = min(room, (OUT_FILES - len(held)) * PART_BYTES)
+    room = gpu_pack.OUT_BYTES - OUT_MARGIN - sum(p.stat().st_size for p in held)
+    room = min(room, (gpu_pack.OUT_FILES - len(held)) * PART_BYTES)
     tar = subprocess.Popen(
         ["tar", "-cf", "-", "--exclude", RESTORED, "-C", str(cache), "."],
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from draftlab.run.gpu_call import Call
 from draftlab.run.gpu_steps import stage_done
 
 PART_BYTES = 15 * 1024 * 1024
+OUT_FILES, OUT_BYTES = 8, 64 * 1024 * 1024  # what a call brings back at most (the device's limits)
 # never in the state: weights, checkpoints, token and hidden-state caches, TensorBoard logs
 STATE_EXCLUDES = (
     "*.safetensors",
