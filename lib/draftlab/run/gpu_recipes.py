@@ -50,10 +50,10 @@ SPLITS = ("data/regen/train", "data/regen/val", "data/blend/test")  # under resu
 PACK_EXCLUDES = ("*.safetensors", "ckpt-*", "data", "tokens", "tb")  # recipes.tar.gz
 MAX_DRAFTS_SENT = 2  # a draft is two 15 MiB parts; a call returns at most 8 files, 64 MiB together
 PROFILE_CHILD_S = 120  # each tokeniser profile at most
-# published recipe rows (besides base, the reference run's draft) -> the run folder that holds draft/eagle3.commit
-# and train/summary.json
+# published recipe rows (base aside: the reference draft) -> the folder with draft/eagle3.commit, train/summary.json
 PUBLISHED_RUNS = {
-    row: f"results/recipes-2026-12-01/{row}" for row in ("fcnorm", "fcnorm-lr1e-3", "n10806", "best-data2x", "epochs10")
+    row: f"results/recipes-2026-12-01/{row}"
+    for row in ("fcnorm", "fcnorm-lr1e-3", "n10806", "best-data2x", "epochs10", "data2x-5ep")
 }
 # published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
 # device time ran out at step 4,595 of 4,945 (2026-12-02), its learning rate then 1.3% of the peak
