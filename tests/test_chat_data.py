@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from draftlab.core.records import RecordError, make_conversation
+from draftlab.model import chat_data
 from draftlab.model.chat_data import (
     load_tokenized,
     split_holdout,
@@ -125,3 +126,44 @@ def test_draft_vocab_by_masked_frequency():
             [{"id": "a", "input_ids": [3], "loss_mask": [1]}, {"id": "b", "input_ids": [20, 30], "loss_mask": [1, 0]}],
             12,
         )
+
+
+def conversations(n: int) -> list[dict]:
+    return [
+        make_conversation(
+            [{"role": "user", "content": f"question {i} " * (1 + i % 5)}, {"role": "assistant", "content": f"a{i}"}],
+            "x",
+        )
+        for i in range(n)
+    ]
+
+
+def test_parallel_tokenising_matches_one_process(tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(chat_data, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(chat_data, "PARALLEL_MIN_ROWS", 20)
+    rows = conversations(40)
+    rows[5]["messages"] = [{"role": "user", "content": "no reply"}]  # dropped, counted in the stats
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    serial, serial_stats = load_tokenized(p, tok, 256, workers=1)
+    calls = []
+    real = chat_data.tokenize_rows_parallel
+    monkeypatch.setattr(chat_data, "tokenize_rows_parallel", lambda *a: calls.append(a[-1]) or real(*a))
+    parallel, parallel_stats = load_tokenized(p, tok, 256, workers=2)
+    assert calls == [2]  # it did run in two processes
+    assert parallel_stats == serial_stats and parallel_stats["dropped_no_assistant"] == 1
+    assert parallel["id"] == serial["id"] and parallel["input_ids"] == serial["input_ids"]
+    assert parallel["loss_mask"] == serial["loss_mask"]
+    # a limit reads rows one by one in this process
+    assert len(load_tokenized(p, tok, 256, limit=3, workers=2)[0]) == 3 and calls == [2]
+
+
+def test_parallel_tokenising_names_the_bad_row_of_a_later_chunk(tok, tmp_path, monkeypatch):
+    monkeypatch.setattr(chat_data, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(chat_data, "PARALLEL_MIN_ROWS", 20)
+    rows = conversations(30)
+    rows[22] = {"id": "bad", "messages": [{"role": "user", "content": 3}]}
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RecordError, match=r"train.jsonl: row 23: messages\[0\].content"):
+        load_tokenized(p, tok, 256, workers=2)

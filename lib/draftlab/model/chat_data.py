@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,6 +23,9 @@ from draftlab.core.records import RecordError, read_jsonl, validate_conversation
 from draftlab.model.target import render_chat
 
 OVERLONG_POLICIES = ("truncate", "drop")
+CHUNK_ROWS = 512  # conversations a tokenising worker takes at a time
+PARALLEL_MIN_ROWS = 4 * CHUNK_ROWS  # below this one process: a pool's start costs more than it saves
+MAX_WORKERS = 16
 
 
 @dataclass
@@ -107,11 +113,22 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int, overlon
     return ids, mask, status
 
 
-def tokenize_rows(rows, tokenizer, max_len: int, overlong: str = "truncate", where: str = "", limit: int | None = None):
-    """Tokenise canonical conversations -> (list of {"id", "input_ids", "loss_mask"}, TokenStats)."""
+def tokenize_rows(
+    rows,
+    tokenizer,
+    max_len: int,
+    overlong: str = "truncate",
+    where: str = "",
+    limit: int | None = None,
+    first_row: int = 1,
+    progress: bool = True,
+):
+    """Tokenise canonical conversations -> (list of {"id", "input_ids", "loss_mask"}, TokenStats).
+    `first_row`: the file's row number of rows[0], for error messages (a worker's chunk starts mid-file)."""
     stats = TokenStats()
     out = []
-    for n, row in enumerate(tqdm(rows, desc=f"tokenise {Path(where).name or 'rows'}", unit="conv", leave=False), 1):
+    bar = tqdm(rows, desc=f"tokenise {Path(where).name or 'rows'}", unit="conv", leave=False, disable=not progress)
+    for n, row in enumerate(bar, first_row):
         if limit is not None and stats.kept >= limit:
             break
         stats.rows += 1
@@ -131,6 +148,47 @@ def tokenize_rows(rows, tokenizer, max_len: int, overlong: str = "truncate", whe
         stats.tokens += len(ids)
         stats.loss_tokens += sum(mask)
         out.append({"id": row["id"], "input_ids": ids, "loss_mask": mask})
+    return out, stats
+
+
+def tokenize_workers() -> int:
+    """Processes to tokenise a large file with: the CPUs this process may use, where workers can be forked
+    (they inherit the tokenizer; a spawned one would have to load it again)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
+
+
+_WORKER: dict = {}  # in a tokenising worker: the tokenizer and options its chunks share
+
+
+def _start_worker(tokenizer, max_len: int, overlong: str, where: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker, and no fork warning from tokenizers
+    _WORKER.update(tokenizer=tokenizer, max_len=max_len, overlong=overlong, where=where)
+
+
+def _tokenize_chunk(chunk: tuple[int, list]) -> tuple[list, TokenStats]:
+    first_row, rows = chunk
+    w = _WORKER
+    return tokenize_rows(rows, w["tokenizer"], w["max_len"], w["overlong"], w["where"], None, first_row, False)
+
+
+def tokenize_rows_parallel(rows: list, tokenizer, max_len: int, overlong: str, where: str, workers: int):
+    """tokenize_rows over chunks of CHUNK_ROWS in `workers` forked processes: the same rows in the same
+    order and the same stats (43,224 conversations took ~50 s in one process on the H200 machine).
+    A bad row raises the first worker error in file order, naming its file row."""
+    chunks = [(1 + i, rows[i : i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
+    out, stats = [], TokenStats()
+    context = multiprocessing.get_context("fork")
+    init = (tokenizer, max_len, overlong, where)
+    bar = tqdm(total=len(rows), desc=f"tokenise {Path(where).name or 'rows'} ({workers} procs)", unit="conv")
+    with bar, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=init) as pool:
+        for (_, chunk_rows), (kept, part) in zip(chunks, pool.map(_tokenize_chunk, chunks)):
+            out += kept
+            for name, value in asdict(part).items():
+                setattr(stats, name, getattr(stats, name) + value)
+            bar.update(len(chunk_rows))
     return out, stats
 
 
@@ -155,8 +213,17 @@ def _cache_key(path: Path, tokenizer, max_len: int, overlong: str, limit) -> str
     return h.hexdigest()[:16]
 
 
-def load_tokenized(path, tokenizer, max_len: int, overlong: str = "truncate", cache_dir=None, limit: int | None = None):
-    """Tokenise a canonical JSONL file, cached as a `datasets` Arrow folder under cache_dir.
+def load_tokenized(
+    path,
+    tokenizer,
+    max_len: int,
+    overlong: str = "truncate",
+    cache_dir=None,
+    limit: int | None = None,
+    workers: int | None = None,
+):
+    """Tokenise a canonical JSONL file, cached as a `datasets` Arrow folder under cache_dir. A whole file
+    of PARALLEL_MIN_ROWS rows or more is tokenised by `workers` processes (default: tokenize_workers()).
 
     Returns (datasets.Dataset with columns id, input_ids, loss_mask; TokenStats as a dict).
     """
@@ -170,7 +237,13 @@ def load_tokenized(path, tokenizer, max_len: int, overlong: str = "truncate", ca
         cache = Path(cache_dir) / f"{path.stem}-{_cache_key(path, tokenizer, max_len, overlong, limit)}"
         if (cache / "stats.json").is_file():
             return datasets.load_from_disk(str(cache / "data")), json.loads((cache / "stats.json").read_text())
-    rows, stats = tokenize_rows(read_jsonl(path), tokenizer, max_len, overlong, where=str(path), limit=limit)
+    workers = tokenize_workers() if workers is None else workers
+    whole = limit is None and workers > 1  # with a limit, only the rows it needs are read
+    rows = list(read_jsonl(path)) if whole else read_jsonl(path)
+    if whole and len(rows) >= PARALLEL_MIN_ROWS:
+        rows, stats = tokenize_rows_parallel(rows, tokenizer, max_len, overlong, str(path), workers)
+    else:
+        rows, stats = tokenize_rows(rows, tokenizer, max_len, overlong, where=str(path), limit=limit)
     if not rows:
         raise RecordError(f"{path}: no usable conversation ({asdict(stats)})")
     ds = datasets.Dataset.from_list(rows)
