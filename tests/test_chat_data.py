@@ -1,6 +1,7 @@
 """Tokenisation with the target's chat template, assistant-only loss masks, draft vocabulary."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -167,3 +168,23 @@ def test_parallel_tokenising_names_the_bad_row_of_a_later_chunk(tok, tmp_path, m
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(RecordError, match=r"train.jsonl: row 23: messages\[0\].content"):
         load_tokenized(p, tok, 256, workers=2)
+    # a bad row early in a large file: the chunks not yet started are dropped, not tokenised first
+    rows = conversations(300)
+    rows[1] = {"id": "bad", "messages": [{"role": "user", "content": 3}]}
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    started = tmp_path / "started"
+    monkeypatch.setenv("CHUNKS_STARTED", str(started))
+    monkeypatch.setattr(chat_data, "_tokenize_chunk", counted_chunk)
+    with pytest.raises(RecordError, match=r"train.jsonl: row 2: messages\[0\].content"):
+        load_tokenized(p, tok, 256, workers=2)
+    assert len(started.read_text().split()) < 300 // 7 // 2
+
+
+REAL_TOKENIZE_CHUNK = chat_data._tokenize_chunk
+
+
+def counted_chunk(chunk):
+    """chat_data._tokenize_chunk that first writes a line per chunk begun (in the forked workers)."""
+    with open(os.environ["CHUNKS_STARTED"], "a") as f:
+        f.write(f"{chunk[0]}\n")
+    return REAL_TOKENIZE_CHUNK(chunk)

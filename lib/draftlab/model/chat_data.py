@@ -182,8 +182,11 @@ def tokenize_rows_parallel(rows: list, tokenizer, max_len: int, overlong: str, w
     out, stats = [], TokenStats()
     context = multiprocessing.get_context("fork")
     init = (tokenizer, max_len, overlong, where)
-    bar = tqdm(total=len(rows), desc=f"tokenise {Path(where).name or 'rows'} ({workers} procs)", unit="conv")
+    bar = tqdm(
+        total=len(rows), desc=f"tokenise {Path(where).name or 'rows'} ({workers} procs)", unit="conv", leave=False
+    )
     with bar, ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=init) as pool:
+        # map yields in order; leaving it early (a bad row, an interrupt) cancels the chunks not started yet
         for (_, chunk_rows), (kept, part) in zip(chunks, pool.map(_tokenize_chunk, chunks)):
             out += kept
             for name, value in asdict(part).items():
