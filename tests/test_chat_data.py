@@ -2,10 +2,15 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
+from draftlab.core.process import alive
 from draftlab.core.records import RecordError, make_conversation
 from draftlab.model import chat_data
 from draftlab.model.chat_data import (
@@ -188,3 +193,44 @@ def counted_chunk(chunk):
     with open(os.environ["CHUNKS_STARTED"], "a") as f:
         f.write(f"{chunk[0]}\n")
     return REAL_TOKENIZE_CHUNK(chunk)
+
+
+WORKER_SCRIPT = """
+import os, sys, time
+from draftlab.model import chat_data
+from draftlab.model.target import load_tokenizer
+
+def slow_chunk(chunk):  # a worker that says it started, then takes long
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(120)
+
+chat_data._tokenize_chunk = slow_chunk
+chat_data.load_tokenized(sys.argv[1], load_tokenizer("tiny"), 256, workers=2)
+"""
+
+
+def test_tokenising_workers_die_with_a_killed_parent(tmp_path):
+    """A SIGKILLed parent would leave a pool's forked workers behind for good (seen here with a plain
+    ProcessPoolExecutor): they ask the kernel to kill them with it."""
+    data, pids = tmp_path / "train.jsonl", tmp_path / "pids"
+    data.write_text("".join(json.dumps(r) + "\n" for r in conversations(chat_data.PARALLEL_MIN_ROWS)))
+    parent = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, str(data), str(pids)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.is_file() and len(pids.read_text().split()) == 2):
+            assert time.monotonic() < deadline and parent.poll() is None, "the workers did not start"
+            time.sleep(0.2)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert all(alive(p) for p in workers)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(p) for p in workers)
+    finally:
+        parent.kill()
+        for p in pids.read_text().split() if pids.is_file() else []:
+            if alive(int(p)):
+                os.kill(int(p), signal.SIGKILL)

@@ -38,6 +38,7 @@ __all__ = [
     "stop_tree",
     "run_until",
     "alive",
+    "die_with_parent",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -48,9 +49,12 @@ class ServerStartError(RuntimeError):
     """The server exited or did not answer its health check in time (the message has its log tail)."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends this process `sig` when its parent dies, even by SIGKILL. Call it in a child,
+    between fork and exec or first thing in a forked worker (a pool's workers otherwise outlive a killed parent,
+    blocked on their task queue)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):  # not Linux: the process group and atexit still stop it
         pass
 
@@ -131,7 +135,7 @@ def stop_stale(registry: str | os.PathLike | None = None, *, grace: float = 10.0
 
 def start_owned(argv, **popen_kwargs) -> subprocess.Popen:
     """Popen in a process group of its own, killed by the kernel when this process dies."""
-    return subprocess.Popen([str(a) for a in argv], start_new_session=True, preexec_fn=_die_with_parent, **popen_kwargs)
+    return subprocess.Popen([str(a) for a in argv], start_new_session=True, preexec_fn=die_with_parent, **popen_kwargs)
 
 
 def descendants(pid: int) -> list[int]:

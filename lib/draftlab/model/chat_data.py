@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftlab.core.process import die_with_parent
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, read_jsonl, validate_conversation, write_jsonl
 from draftlab.model.target import render_chat
@@ -164,6 +165,7 @@ _WORKER: dict = {}  # in a tokenising worker: the tokenizer and options its chun
 
 
 def _start_worker(tokenizer, max_len: int, overlong: str, where: str) -> None:
+    die_with_parent()  # else a killed parent leaves its workers waiting on the task queue for good
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker, and no fork warning from tokenizers
     _WORKER.update(tokenizer=tokenizer, max_len=max_len, overlong=overlong, where=where)
 

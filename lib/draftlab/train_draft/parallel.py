@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.core.process import die_with_parent
 from draftlab.core.progress import tqdm
 from draftlab.model.target import load_tokenizer, resolve_path
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
@@ -51,16 +53,10 @@ def child_env(n_children: int) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": threads}
 
 
-def _die_with_parent() -> None:
-    """Linux: a child gets SIGTERM when the process that started it dies (a notebook kernel killed
-    at a deadline must not leave trainings running on the GPU)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def _terminate_with_parent() -> None:
+    """A child gets SIGTERM when the process that started it dies: a notebook kernel killed at a deadline must
+    not leave trainings running on the GPU."""
+    die_with_parent(signal.SIGTERM)
 
 
 def _steps_done(out_dir: Path) -> int:
@@ -127,7 +123,7 @@ def train_side_by_side(cfgs: list[TrainConfig], resume: bool = True, target=None
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_terminate_with_parent if sys.platform == "linux" else None,
             ),
             log,
             out,
