@@ -102,7 +102,8 @@ scaling.summary_table(results)
 # ## 3 · Fitted curves and the 10x extrapolation
 # Two fits per architecture with `scipy.optimize.curve_fit`, weighted by each point's standard
 # error: log-linear `a + b·log10(n)` (keeps rising: optimistic) and saturating
-# `y∞ − b·(n/1000)^−c` (levels off: conservative; needs 4+ points). Bands are 95% intervals from
+# `y∞ − b·(n/1000)^−c` (levels off: conservative; needs 4+ points); the SGLang curve below adds a
+# logistic in log n under the chain's ceiling S + 1, for points that bend upwards. Bands are 95% intervals from
 # the parameter covariance, inflated by the reduced chi-square when points scatter more than their
 # errors. The extra data is priced with the regeneration rate measured in notebook 03.
 
@@ -136,7 +137,9 @@ nb.save_metrics(run, scaling.study_metrics(plan, settings, plan.notes + recipe_n
 # The recipe study (`draftlab recipes`, issue 18) trains data-size rows with the reference recipe on the
 # regenerated set's first 1,351 / 2,702 / 5,403 / 10,806 conversations and on all of it (`base`), each at 5
 # epochs (steps in proportion to the samples), and measures every draft in SGLang at chain S = 6 on the same
-# 64 held-out prompts. Their acceptance, with a bootstrap error over prompts, gets the fits above; the extra
+# 64 held-out prompts. Their acceptance, with a bootstrap error over prompts, gets the fits above and the
+# logistic `1 + S / (1 + (n50/n)^k)`, whose ceiling S + 1 is the chain's, not fitted (its band assumes that
+# shape: a ceiling below 7 would bend it sooner); the extra
 # data is priced at this run's regeneration rate and the largest point's training time. An SGLang figure,
 # not a simulated one: the number a server user gets. Since every size ran 5 epochs, the curve mixes data
 # with steps: the second figure sets rows with other passes (10 epochs on the same data, twice the data at

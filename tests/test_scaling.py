@@ -99,6 +99,26 @@ def test_a_saturating_fit_pinned_at_its_bound_is_refused():
     assert scaling.fit_curve(n, y, [0.025, 0.04, 0.055, 0.09], "loglinear").ok
 
 
+def test_logistic_fit_under_the_chains_ceiling_follows_points_that_bend_upwards():
+    """The six SGLang data-size points of 2026-12-03 (chain S = 6) rise faster than log-linearly: the logistic
+    under the ceiling S + 1 = 7 recovers a curve it generated, fits them better than log-linear, and stays
+    below its ceiling at 10x; without a ceiling, or with a point at it, it is refused with the reason."""
+    n = np.array([1351, 2702, 5403, 10806, 21612, 43224])
+    truth = scaling.logistic(n, 4.8, 0.7, 7.0)
+    fit = scaling.fit_curve(n, truth, [0.02] * len(n), "logistic", ceiling=7.0)
+    assert fit.ok and abs(fit.params[0] - 4.8) < 0.01 and abs(fit.params[1] - 0.7) < 0.01
+    assert fit.ceiling == 7.0 and scaling.fit_curve(n, truth, None, "loglinear", ceiling=7.0).ceiling is None
+    y = np.array([1.4218, 1.6752, 1.9540, 2.2736, 3.0570, 3.7358])
+    se = [0.025, 0.04, 0.055, 0.065, 0.09, 0.11]
+    logistic = scaling.fit_curve(n, y, se, "logistic", ceiling=7.0)
+    assert logistic.ok and logistic.scale < scaling.fit_curve(n, y, se, "loglinear").scale / 4
+    lo, hi = logistic.band([10 * n[-1]])
+    assert y[-1] < lo[0] < hi[0] < 7.0
+    assert not scaling.fit_curve(n, y, se, "logistic").ok
+    at_ceiling = scaling.fit_curve(n, np.minimum(y * 2, 7.0), se, "logistic", ceiling=7.0)
+    assert not at_ceiling.ok and "ceiling 7" in at_ceiling.reason
+
+
 def test_band_widens_when_points_scatter_more_than_their_errors():
     n = np.array([1000, 2000, 5000, 10000])
     y = np.array([1.50, 1.70, 1.62, 1.90])

@@ -29,6 +29,7 @@ from draftlab.data_scaling.fits import (  # noqa: F401
     extrapolate,
     fit_all,
     fit_curve,
+    logistic,
     loglinear,
     regen_throughput,
     saturating,

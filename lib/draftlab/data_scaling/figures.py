@@ -59,11 +59,12 @@ def plot_scaling(
                 ms=8,
                 label=f"{labels[arch]}: real chain S={len(chain[0]['chain_position_acceptance'])}",
             )
-        for model, style in (("loglinear", "-"), ("saturating", "--")):
+        for model, style in (("loglinear", "-"), ("saturating", "--"), ("logistic", ":")):
             fit = fits.get(arch, {}).get(model)
             if fit is None or not fit.ok:
                 continue
-            ax.plot(grid, fit.predict(grid), style, color=c, lw=1.2, alpha=0.9, label=f"{arch} {model} fit")
+            label = f"{arch} {model} fit" + (f" under a ceiling of {fit.ceiling:g}" if fit.ceiling else "")
+            ax.plot(grid, fit.predict(grid), style, color=c, lw=1.2, alpha=0.9, label=label)
             lo, hi = fit.band(grid)
             ax.fill_between(grid, lo, hi, color=c, alpha=0.12 if model == "loglinear" else 0.06)
     ax.axvline(max(n_all), color="grey", lw=0.8, ls=":")

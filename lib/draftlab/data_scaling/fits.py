@@ -24,8 +24,22 @@ def saturating(n, y_inf, b, c):
     return y_inf - b * np.power(np.asarray(n, dtype=float) / 1000.0, -c)
 
 
-MODELS = {"loglinear": (loglinear, 2), "saturating": (saturating, 3)}
-PARAMS = {"loglinear": ("a", "b"), "saturating": ("y_inf", "b", "c")}
+def logistic(n, log10_n50, k, ceiling):
+    """y = 1 + (ceiling - 1) / (1 + (n50 / n)^k): rises ever faster in log n below n50, ever slower above it,
+    towards a ceiling that is given, not fitted: a chain of S draft tokens accepts at most S + 1 a cycle. Why:
+    the recipe study's SGLang points bend upwards in log n (2026-12-03), which no concave curve (loglinear,
+    saturating) follows, and a fitted ceiling ran to the chain's own."""
+    return 1.0 + (ceiling - 1.0) / (1.0 + np.power(10.0, k * (log10_n50 - np.log10(np.asarray(n, dtype=float)))))
+
+
+MODELS = {"loglinear": (loglinear, 2), "saturating": (saturating, 3), "logistic": (logistic, 2)}
+PARAMS = {"loglinear": ("a", "b"), "saturating": ("y_inf", "b", "c"), "logistic": ("log10_n50", "k")}
+
+
+def curve(model: str, ceiling: float | None = None):
+    """The model as a function of (n, *params): the logistic's ceiling bound in."""
+    fn = MODELS[model][0]
+    return (lambda n, *params: fn(n, *params, ceiling)) if model == "logistic" else fn
 
 
 @dataclass
@@ -37,9 +51,10 @@ class Fit:
     scale: float  # factor applied to the covariance (reduced chi-square when > 1)
     ok: bool
     reason: str = ""
+    ceiling: float | None = None  # the logistic's, given
 
     def predict(self, n):
-        return MODELS[self.model][0](np.asarray(n, dtype=float), *self.params)
+        return curve(self.model, self.ceiling)(np.asarray(n, dtype=float), *self.params)
 
     def band(self, n, level: float = 0.95, draws: int = 4000, seed: int = 0):
         """(low, high) of the prediction at n from parameter draws ~ N(params, cov)."""
@@ -47,26 +62,35 @@ class Fit:
         rng = np.random.default_rng(seed)
         samples = rng.multivariate_normal(self.params, np.asarray(self.cov), size=draws, check_valid="ignore")
         with np.errstate(all="ignore"):
-            preds = np.stack([MODELS[self.model][0](n, *s) for s in samples])
+            preds = np.stack([curve(self.model, self.ceiling)(n, *s) for s in samples])
         preds = preds[np.all(np.isfinite(preds), axis=1)]
         q = (1 - level) / 2
         return np.quantile(preds, q, axis=0), np.quantile(preds, 1 - q, axis=0)
 
 
-def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
+def fit_curve(n, y, se=None, model: str = "loglinear", ceiling: float | None = None) -> Fit:
     """Weighted least squares with scipy's curve_fit; covariance from the standard errors, scaled up
-    by the reduced chi-square when the points scatter more than their errors say."""
+    by the reduced chi-square when the points scatter more than their errors say. `ceiling`: the
+    logistic's (the chain's S + 1), which it needs."""
     from scipy.optimize import curve_fit
 
-    fn, k = MODELS[model]
+    ceiling = ceiling if model == "logistic" else None
+    fn, k = curve(model, ceiling), MODELS[model][1]
     n, y = np.asarray(n, dtype=float), np.asarray(y, dtype=float)
     if len(n) < k + 1 or len(set(n.tolist())) < k:
         return Fit(model, [], [], len(n) - k, 1.0, False, f"{len(n)} points: need at least {k + 1} for {model}")
+    if model == "logistic" and (ceiling is None or y.max() >= ceiling):
+        reason = (
+            "no ceiling given (a chain's S + 1)" if ceiling is None else f"a point at or above its ceiling {ceiling:g}"
+        )
+        return Fit(model, [], [], len(n) - k, 1.0, False, reason, ceiling)
     sigma = None
     if se is not None and all(s is not None and s > 0 for s in se):
         sigma = np.asarray(se, dtype=float)
     if model == "loglinear":
         p0, bounds = [float(y.mean()), 0.1], (-np.inf, np.inf)
+    elif model == "logistic":
+        p0, bounds = [float(np.log10(n.max())), 0.5], ([0.0, 0.01], [12.0, 5.0])
     else:
         p0 = [float(y.max()) + 0.2, max(float(y.max() - y.min()), 0.05), 0.5]
         bounds = ([float(y.max()) - 1e-6, 0.0, 1e-3], [np.inf, np.inf, 5.0])
@@ -75,14 +99,14 @@ def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
             fn, n, y, p0=p0, sigma=sigma, absolute_sigma=sigma is not None, bounds=bounds, maxfev=20000
         )
     except (RuntimeError, ValueError) as exc:
-        return Fit(model, [], [], len(n) - k, 1.0, False, f"fit failed: {exc}")
+        return Fit(model, [], [], len(n) - k, 1.0, False, f"fit failed: {exc}", ceiling)
     dof = len(n) - k
     resid = (y - fn(n, *params)) / (sigma if sigma is not None else 1.0)
     chi2 = float((resid**2).sum())
     scale = max(1.0, chi2 / dof) if (sigma is not None and dof > 0) else 1.0
     cov = np.asarray(cov) * scale
     if not np.all(np.isfinite(cov)):
-        return Fit(model, params.tolist(), cov.tolist(), dof, scale, False, "covariance not finite")
+        return Fit(model, params.tolist(), cov.tolist(), dof, scale, False, "covariance not finite", ceiling)
     # a parameter pinned at its bound leaves a covariance that means nothing (on 2026-12-02 the saturating
     # fit of four SGLang points sat at c = 0.001 and drew a 95% band of -1.7e8 .. -1044)
     pinned = [
@@ -99,12 +123,13 @@ def fit_curve(n, y, se=None, model: str = "loglinear") -> Fit:
             scale,
             False,
             f"{', '.join(pinned)} at its bound: these points do not pin the {model} curve down",
+            ceiling,
         )
-    return Fit(model, params.tolist(), cov.tolist(), dof, scale, True)
+    return Fit(model, params.tolist(), cov.tolist(), dof, scale, True, "", ceiling)
 
 
-def fit_all(results: list[dict], metric: str = "sim_accept_len") -> dict:
-    """{arch: {model: Fit}} over the result rows of each architecture."""
+def fit_all(results: list[dict], metric: str = "sim_accept_len", ceiling: float | None = None) -> dict:
+    """{arch: {model: Fit}} over the result rows of each architecture; `ceiling`: the logistic's."""
     fits = {}
     for arch in ARCHS:
         rows = sorted((r for r in results if r["arch"] == arch and r.get(metric) is not None), key=lambda r: r["n"])
@@ -113,7 +138,7 @@ def fit_all(results: list[dict], metric: str = "sim_accept_len") -> dict:
         n = [r["n"] for r in rows]
         y = [r[metric] for r in rows]
         se = [r.get(metric + "_se") for r in rows]
-        fits[arch] = {m: fit_curve(n, y, se, m) for m in MODELS}
+        fits[arch] = {m: fit_curve(n, y, se, m, ceiling) for m in MODELS}
     return fits
 
 

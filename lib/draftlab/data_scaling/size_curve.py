@@ -4,7 +4,8 @@ and at what cost) answered in SGLang rather than by simulated acceptance.
 Its points are the rows that differ from the reference recipe only in how many conversations they train on
 (SIZE_ROWS, all at 5 epochs, so the steps grow with the samples); each gets its SGLang held-out acceptance
 with a bootstrap standard error over prompts, and the conversations and training seconds of its own summary.
-The fits and the extrapolation are notebook 07's (data_scaling.fits: log-linear and saturating, 95% bands).
+The fits and the extrapolation are notebook 07's (data_scaling.fits: log-linear, saturating, and the logistic
+under the chain's ceiling S + 1; 95% bands).
 Since every size ran 5 epochs, the curve mixes more data with more steps; the PASSES_ROWS (the same recipe with
 other passes: twice the epochs on the same data, twice the data at the same steps) tell the two apart, drawn
 against the optimizer steps beside the size rows.
@@ -21,7 +22,7 @@ from draftlab.core.acceptance import acceptance_length, acceptance_se
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_path
 from draftlab.data_scaling.figures import fits_as_dict, plot_data_or_passes, plot_scaling
-from draftlab.data_scaling.fits import extrapolate, fit_all
+from draftlab.data_scaling.fits import MODELS, extrapolate, fit_all
 from draftlab.data_scaling.recipe_rows import recipe
 from draftlab.data_scaling.recipes import combined_table, replies_of, served
 
@@ -35,8 +36,8 @@ def size_points(combined: pd.DataFrame, rows=SIZE_ROWS) -> list[dict]:
     points = []
     for _, line in combined[combined["row"].isin(rows)].iterrows():
         study = Path(line["study"])
-        sets = json.loads((study / "sglang" / "plan.json").read_text())["sets"]
-        tokens, verify = served(replies_of(study / "sglang", line["row"]), range(*sets["held_out"]))
+        plan = json.loads((study / "sglang" / "plan.json").read_text())
+        tokens, verify = served(replies_of(study / "sglang", line["row"]), range(*plan["sets"]["held_out"]))
         summary = json.loads((study / line["row"] / "train" / "summary.json").read_text())
         acceptance = acceptance_length(tokens, verify)
         if acceptance is None:
@@ -54,6 +55,7 @@ def size_points(combined: pd.DataFrame, rows=SIZE_ROWS) -> list[dict]:
                 "steps": summary.get("total_steps"),
                 "epochs": recipe(line["row"])["epochs"],
                 "concurrency": _concurrency(line),
+                "chain_steps": plan["steps"],
             }
         )
     return sorted(points, key=lambda p: p["n"])
@@ -65,6 +67,12 @@ def _concurrency(line: pd.Series) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def chain_ceiling(points: list[dict]) -> float | None:
+    """The most one cycle can accept at the points' chain depth S: S + 1 (None when their depths differ)."""
+    depths = {p.get("chain_steps") for p in points}
+    return float(depths.pop() + 1) if len(depths) == 1 and None not in depths else None
+
+
 def write_size_curve(
     combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
 ) -> tuple[dict, dict]:
@@ -73,7 +81,7 @@ def write_size_curve(
     `regeneration` is a measured {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its
     source. Returns (that result, {figure name: figure}, empty without a point)."""
     points = size_points(combined)
-    fits = fit_all(points, metric=METRIC) if points else {}
+    fits = fit_all(points, metric=METRIC, ceiling=chain_ceiling(points)) if points else {}
     result = {
         "points": points,
         "fits": fits_as_dict(fits),
@@ -129,7 +137,7 @@ def size_curve_lines(result: dict) -> list[str]:
             "size and passes rows at one concurrency"
         )
     extra = result["extrapolation"].get("eagle3", {})
-    for model in ("loglinear", "saturating"):
+    for model in MODELS:
         fit = extra.get(model, {})
         lines.append(
             f"{model}: {fit['pred_new']:.2f} at {extra['n_new']:,.0f} conversations (95%: "
