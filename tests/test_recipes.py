@@ -505,9 +505,14 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     assert json.loads((tmp_path / "curve" / "size_curve.json").read_text())["points"] == got["points"]
     assert (tmp_path / "curve" / "size_curve.png").is_file() and (tmp_path / "curve" / "data_or_passes.png").is_file()
     lines = size_curve_lines(got)
-    assert lines[0].startswith("n1351: 1,351 conversations -> ") and "saturating: " in lines[-3]
+    assert lines[0].startswith("n1351: 1,351 conversations -> ")
+    assert any(line.startswith("saturating: ") for line in lines)
     assert extra["logistic"]["ok"] and got["fits"]["eagle3"]["logistic"]["ceiling"] == 7.0  # the plan's S = 6
-    assert lines[-2].startswith("logistic: ") and extra["logistic"]["band_new"][1] < 7.0
+    assert any(line.startswith("logistic: ") for line in lines) and extra["logistic"]["band_new"][1] < 7.0
+    check = got["last_point_from_the_rest"]  # the largest point predicted by fits without it
+    assert (check["row"], check["measured"]) == (got["points"][-1]["row"], got["points"][-1]["sglang_acceptance"])
+    assert check["loglinear"]["ok"] and check["loglinear"]["band"][0] < check["loglinear"]["pred"]
+    assert any(line.startswith(f"loglinear without {check['row']}: ") for line in lines)
     base = got["points"][-1]["sglang_acceptance"]
     assert lines[5].startswith("epochs10: 21,612 conversations x 10 epochs (640 steps) -> ")
     assert lines[5].endswith(f"; base, the same conversations x 5 epochs (160 steps): {base:.2f}")

@@ -73,6 +73,22 @@ def chain_ceiling(points: list[dict]) -> float | None:
     return float(depths.pop() + 1) if len(depths) == 1 and None not in depths else None
 
 
+def last_point_from_the_rest(points: list[dict], ceiling: float | None) -> dict:
+    """Each model fitted without the largest point, its prediction there (95% band) beside the measurement:
+    an extrapolation checked out of sample, one doubling ahead."""
+    if len(points) < 2:
+        return {}
+    rest, last = points[:-1], points[-1]
+    out = {"row": last["row"], "n": last["n"], "measured": last[METRIC]}
+    for model, fit in fit_all(rest, metric=METRIC, ceiling=ceiling).get("eagle3", {}).items():
+        if fit.ok:
+            lo, hi = fit.band([last["n"]])
+            out[model] = {"ok": True, "pred": float(fit.predict([last["n"]])[0]), "band": [float(lo[0]), float(hi[0])]}
+        else:
+            out[model] = {"ok": False, "reason": fit.reason}
+    return out
+
+
 def write_size_curve(
     combined: pd.DataFrame, out: Path, regeneration: dict, factor: float = 10.0, goal: float = 4.0
 ) -> tuple[dict, dict]:
@@ -81,12 +97,14 @@ def write_size_curve(
     `regeneration` is a measured {"tok_s", "mean_completion_tokens"} of the target's regeneration, with its
     source. Returns (that result, {figure name: figure}, empty without a point)."""
     points = size_points(combined)
-    fits = fit_all(points, metric=METRIC, ceiling=chain_ceiling(points)) if points else {}
+    ceiling = chain_ceiling(points)
+    fits = fit_all(points, metric=METRIC, ceiling=ceiling) if points else {}
     result = {
         "points": points,
         "fits": fits_as_dict(fits),
         "regeneration": regeneration,
         "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
+        "last_point_from_the_rest": last_point_from_the_rest(points, ceiling),
         "passes": size_points(combined, PASSES_ROWS),
         "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipe_rows.ROWS)",
     }
@@ -145,6 +163,14 @@ def size_curve_lines(result: dict) -> list[str]:
             if fit.get("ok")
             else f"{model}: no fit ({fit.get('reason', 'no points')})"
         )
+    check = result.get("last_point_from_the_rest") or {}
+    for model in MODELS:
+        fit = check.get(model, {})
+        if fit.get("ok"):
+            lines.append(
+                f"{model} without {check['row']}: {fit['pred']:.2f} (95%: {fit['band'][0]:.2f}-{fit['band'][1]:.2f}) "
+                f"at its {check['n']:,} conversations, measured {check['measured']:.2f}"
+            )
     if extra.get("regeneration_hours") is not None:
         lines.append(
             f"the extra {extra['extra_conversations']:,.0f} conversations: "
