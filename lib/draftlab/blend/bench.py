@@ -10,6 +10,7 @@ import time
 from draftlab.blend.pipeline import run_pipeline
 from draftlab.blend.spec import load_spec
 from draftlab.blend.text import TokenCounter
+from draftlab.core.process import usable_cpus
 from draftlab.dataset_discovery import offline
 from draftlab.dataset_discovery import sources as S
 from draftlab.model.target import load_tokenizer
@@ -104,6 +105,6 @@ def bench_blend(n: int = 100_000, tokenizer: str | None = "tiny", seed: int = 0,
         "kept": kept,
         "kept_tokens_mean": round(tokens / max(kept, 1), 1),
         "tokenizer": counter.name,
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus_usable": usable_cpus(),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }

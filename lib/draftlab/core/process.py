@@ -59,6 +59,11 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, e.g. a container's or taskset's share), not the host's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_registry() -> Path:
     return Path(os.environ.get("DRAFTLAB_SERVER_REGISTRY", Path.home() / ".cache" / "draftlab" / "servers"))
 

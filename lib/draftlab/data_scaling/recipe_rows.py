@@ -66,6 +66,12 @@ ROWS = {
         {"fc_norm": "per_layer", "lr": 1e-3, "train_file": "train-data2x.jsonl"},
         "fcnorm-lr1e-3 on twice the prompts, 5 epochs: the combined best recipe",
     ),
+    # best-data2x with the schedule lever: lr-const's validation beat base's at the same 2,505 steps (simulated
+    # acceptance 4.481 vs 3.966, 2026-12-03): does holding the peak add at the best recipe, too?
+    "best-const": (
+        {"fc_norm": "per_layer", "lr": 1e-3, "lr_schedule": "constant", "train_file": "train-data2x.jsonl"},
+        "best-data2x with the peak learning rate held instead of cosine decay to 0",
+    ),
 }
 # a grown train file -> how many of the regenerated extra prompts join the study's train file
 # (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to data/extra-prompts.jsonl.xz)

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftlab.core.process import die_with_parent
+from draftlab.core.process import die_with_parent, usable_cpus
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, read_jsonl, validate_conversation, write_jsonl
 from draftlab.model.target import render_chat
@@ -157,8 +157,7 @@ def tokenize_workers() -> int:
     (they inherit the tokenizer; a spawned one would have to load it again)."""
     if "fork" not in multiprocessing.get_all_start_methods():
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cpus))
+    return max(1, min(MAX_WORKERS, usable_cpus()))
 
 
 _WORKER: dict = {}  # in a tokenising worker: the tokenizer and options its chunks share

@@ -17,7 +17,7 @@ import tarfile
 
 from draftlab.run import gpu_pack
 from draftlab.run.gpu_call import Call
-from draftlab.run.gpu_pack import PART_BYTES, human, write_parts
+from draftlab.run.gpu_pack import human, write_parts
 
 CARRIED = ".device/compile-cache/compile-cache.tar.xz"  # in the repo copy, linked there by cargo.sh
 RESTORED = ".restored"  # in Call.compile_cache: the carried cache is unpacked
@@ -53,7 +53,7 @@ def send(call: Call) -> int:
         return 1
     held = [p for p in call.out.iterdir() if p.is_file() and not p.name.startswith(PARTS)]
     room = gpu_pack.OUT_BYTES - OUT_MARGIN - sum(p.stat().st_size for p in held)
-    room = min(room, (gpu_pack.OUT_FILES - len(held)) * PART_BYTES)
+    room = min(room, (gpu_pack.OUT_FILES - len(held)) * gpu_pack.PART_BYTES)
     tar = subprocess.Popen(
         ["tar", "-cf", "-", "--exclude", RESTORED, "-C", str(cache), "."],
         stdout=subprocess.PIPE,
