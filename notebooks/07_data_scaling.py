@@ -109,7 +109,7 @@ scaling.summary_table(results)
 
 # %%
 fits = scaling.fit_all(results)
-chain_fits = scaling.fit_all(results, "chain_acceptance_length")
+chain_fits = scaling.fit_all(results, "chain_acceptance_length", ceiling=scaling.chain_ceiling(results))
 regen = scaling.regen_throughput(run.dir)
 extrapolation = scaling.extrapolate(fits, results, regen, FACTOR, GOAL)
 chain_extrapolation = scaling.extrapolate(chain_fits, results, regen, FACTOR, GOAL)

@@ -217,10 +217,14 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
             "chain_acceptance_length": r["sim_accept_len"] - 0.1,
             "chain_acceptance_length_se": 0.05,
             "chain_position_acceptance": [0.5] * 6,
+            "chain_steps": 6,
         }
         for r in results
     ]
-    chain_fits = scaling.fit_all(chain, "chain_acceptance_length")
+    assert scaling.chain_ceiling(chain) == 7.0 and scaling.chain_ceiling(results) is None  # no chain: no ceiling
+    assert scaling.chain_ceiling([*chain[:-1], {**chain[-1], "chain_steps": 3}]) is None  # depths differ
+    chain_fits = scaling.fit_all(chain, "chain_acceptance_length", ceiling=scaling.chain_ceiling(chain))
+    assert chain_fits["eagle3"]["logistic"].ceiling == 7.0
     chain_extra = scaling.extrapolate(chain_fits, chain, regen, 10, 4.0)
     fig = scaling.plot_chain_scaling(chain, chain_fits, 10, 4.0, 6)
     assert fig.axes[0].get_title() == "Real chain acceptance length (S=6) vs training data"
@@ -271,7 +275,7 @@ def test_study_trains_both_archs_resumes_and_skips_done(tmp_path, tiny_target):
     for r in rows:
         assert 1.0 <= r["sim_accept_len"] <= 1 + SMOKE_TRAIN["ttt_steps"]
         assert r["sim_accept_len_se"] is not None and r["val_conversations"] == 4
-        assert 1.0 <= r["chain_acceptance_length"] <= 1 + 3 and r["chain_prompts"] == 1
+        assert 1.0 <= r["chain_acceptance_length"] <= 1 + 3 and r["chain_prompts"] == 1 and r["chain_steps"] == 3
         assert (Path(r["draft_dir"]) / "model.safetensors").is_file() and f"/n{r['n']}-" in r["draft_dir"]
     # a rerun finds every result and trains nothing
     t0 = time.monotonic()

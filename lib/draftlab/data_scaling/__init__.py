@@ -26,6 +26,7 @@ from draftlab.data_scaling.figures import (  # noqa: F401
 from draftlab.data_scaling.fits import (  # noqa: F401
     MODELS,
     Fit,
+    chain_ceiling,
     extrapolate,
     fit_all,
     fit_curve,

@@ -145,6 +145,7 @@ def chain_acceptance(
         "verify_steps": s["verify_steps"],
         "position_acceptance": s["position_acceptance"],
         "tokens_per_s": s["tokens_per_s"],
+        "steps": steps,  # S: a cycle accepts at most S + 1 (the logistic fit's ceiling)
     }
 
 

@@ -128,6 +128,13 @@ def fit_curve(n, y, se=None, model: str = "loglinear", ceiling: float | None = N
     return Fit(model, params.tolist(), cov.tolist(), dof, scale, True, "", ceiling)
 
 
+def chain_ceiling(points: list[dict]) -> float | None:
+    """The most one cycle can accept at the points' chain depth S (their `chain_steps`): S + 1; None when the
+    depths differ or are unknown."""
+    depths = {p.get("chain_steps") for p in points}
+    return float(depths.pop() + 1) if len(depths) == 1 and None not in depths else None
+
+
 def fit_all(results: list[dict], metric: str = "sim_accept_len", ceiling: float | None = None) -> dict:
     """{arch: {model: Fit}} over the result rows of each architecture; `ceiling`: the logistic's."""
     fits = {}

@@ -22,7 +22,7 @@ from draftlab.core.acceptance import acceptance_length, acceptance_se
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_path
 from draftlab.data_scaling.figures import fits_as_dict, plot_data_or_passes, plot_scaling
-from draftlab.data_scaling.fits import MODELS, extrapolate, fit_all
+from draftlab.data_scaling.fits import MODELS, chain_ceiling, extrapolate, fit_all
 from draftlab.data_scaling.recipe_rows import recipe
 from draftlab.data_scaling.recipes import combined_table, replies_of, served
 
@@ -65,12 +65,6 @@ def _concurrency(line: pd.Series) -> int | None:
     """The batch its acceptance was read at (studies before 2026-12-02's column: None)."""
     value = line.get("acceptance_concurrency")
     return None if value is None or pd.isna(value) else int(value)
-
-
-def chain_ceiling(points: list[dict]) -> float | None:
-    """The most one cycle can accept at the points' chain depth S: S + 1 (None when their depths differ)."""
-    depths = {p.get("chain_steps") for p in points}
-    return float(depths.pop() + 1) if len(depths) == 1 and None not in depths else None
 
 
 def last_point_from_the_rest(points: list[dict], ceiling: float | None) -> dict:
