@@ -339,17 +339,19 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     assert recipes.row_config("base", train, "v.jsonl", tmp_path / "study", "tiny", {}).train_file == train
     with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
-    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", 2)
-    assert recipes.grow_rows(["base", "data2x"], train, str(regenerated)) == {
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", ("extra", 2))
+    with pytest.raises(InputError, match="recipe row data2x: its train file needs the regenerated set 'extra'"):
+        recipes.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
+    assert recipes.grow_rows(["base", "data2x"], train, {"extra": str(regenerated)}) == {
         "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}
     }
     grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
     assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
-    assert recipes.grow_rows(["data2x"], train, str(regenerated)) == {}  # written once
-    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", 4)
+    assert recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)}) == {}  # written once
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", ("extra", 4))
     (data / "train-data2x.jsonl").unlink()
     with pytest.raises(Exception, match="extra-regen.jsonl: 3 answered conversations, fewer than the 4"):
-        recipes.grow_rows(["data2x"], train, str(regenerated))
+        recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)})
     assert not (data / "train-data2x.jsonl").exists()
 
 
@@ -438,6 +440,46 @@ def test_extra_prompts_are_the_larger_blends_that_the_reference_has_not_seen(tmp
     with pytest.raises(Exception, match="3 prompts the reference has not seen, fewer than 4"):
         extra_prompts(blend, [seen], 4, tmp_path / "more.jsonl.xz")
     assert not (tmp_path / "more.jsonl.xz").exists()
+
+
+def test_multi_turn_prompts_pair_unused_extra_prompts_and_regenerate_turn_by_turn(tmp_path):
+    """Two-turn prompts from the extra prompts after the first SKIP: each user turn an unused extra prompt or a
+    follow-up on the first one, every prompt used once; the regeneration's plan answers both turns in order;
+    a grown file takes only conversations with both answers."""
+    from draftlab.core.records import read_jsonl
+    from draftlab.data_scaling.volume import answered, multi_turn_prompts
+    from draftlab.regenerate.config import RegenConfig, plan_turns, slots
+
+    def prompt(i, package):
+        meta = {"package": package, "module": f"{package}.m", "qualname": f"f{i}"}
+        return {"id": f"id{i}", "messages": [{"role": "user", "content": f"prompt {i}"}], "meta": meta}
+
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("".join(json.dumps(prompt(i, "ab"[i % 2])) + "\n" for i in range(40)))
+    out = tmp_path / "mt.jsonl.xz"
+    argv = ["recipes", "multi-turn", "--extra", str(extra), "--skip", "10", "--n", "12", "--out", str(out)]
+    args = build_parser(argv).parse_args(argv)
+    assert args.func(args) == 0
+    rows = list(read_jsonl(out))
+    assert len(rows) == 12 and len({r["id"] for r in rows}) == 12
+    used = [i for r in rows for i in r["meta"]["from"]]
+    assert len(used) == len(set(used)) and min(int(i[2:]) for i in used) >= 10  # each once, none of the first 10
+    for r in rows:
+        first, answer, second = r["messages"]
+        assert (first["role"], answer, second["role"]) == ("user", {"role": "assistant", "content": ""}, "user")
+        assert first["content"] == f"prompt {r['meta']['from'][0][2:]}"
+        if r["meta"]["follow_up"] == "next prompt":  # the next unused prompt of the same package
+            i, j = (int(x[2:]) for x in r["meta"]["from"])
+            assert i % 2 == j % 2 and second["content"].endswith(f"prompt {j}")
+        plan = plan_turns(r["messages"], RegenConfig())
+        assert slots(plan) == [1, 3]  # both assistant turns regenerated, the first before the second
+    assert {r["meta"]["follow_up"] for r in rows} == {"same item", "next prompt"}
+    with pytest.raises(InputError, match="30 prompts after the first 10 make 2"):
+        multi_turn_prompts(extra, 10, 31, tmp_path / "more.jsonl.xz")
+    assert not (tmp_path / "more.jsonl.xz").exists()
+    both = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert answered({"messages": both + both}) and not answered({"messages": [*both, both[0]]})
+    assert not answered({"messages": [both[0], {"role": "assistant", "content": ""}, *both]})
 
 
 def test_core_acceptance_se_is_the_bootstrap_spread_over_requests():

@@ -66,6 +66,12 @@ ROWS = {
         {"fc_norm": "per_layer", "lr": 1e-3, "train_file": "train-data2x.jsonl"},
         "fcnorm-lr1e-3 on twice the prompts, 5 epochs: the combined best recipe",
     ),
+    # multi-turn prompts (volume.multi_turn_prompts: two-turn conversations from extra prompts not yet used),
+    # their 21,612 answers as many as data2x-5ep's extra ones: multi-turn against single-turn data
+    "data2x-mt": (
+        {"train_file": "train-mt.jsonl"},
+        "10,806 two-turn conversations (21,612 answers) added instead of 21,612 single-turn ones, 5 epochs",
+    ),
     # best-data2x with the schedule lever: lr-const's validation beat base's at the same 2,505 steps (simulated
     # acceptance 4.481 vs 3.966, 2026-12-03): does holding the peak add at the best recipe, too?
     "best-const": (
@@ -73,11 +79,14 @@ ROWS = {
         "best-data2x with the peak learning rate held instead of cosine decay to 0",
     ),
 }
-# a grown train file -> how many of the regenerated extra prompts join the study's train file
-# (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to data/extra-prompts.jsonl.xz)
-GROWN_TRAIN_FILES = {"train-data2x.jsonl": 21612}
-# the data-volume rows (those that train on a grown file) -> their extra conversations: one count per file,
-# since the rows that share a file share the one grow_rows writes
+# a grown train file -> (the regenerated set it draws from, how many of its conversations join the study's
+# train file). Sets: "extra" (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to
+# data/extra-prompts.jsonl.xz) and "multi-turn" (answers to volume.multi_turn_prompts of the extra prompts
+# after the first MULTI_TURN_SKIP, the ones "extra" regenerated)
+GROWN_TRAIN_FILES = {"train-data2x.jsonl": ("extra", 21612), "train-mt.jsonl": ("multi-turn", 10806)}
+MULTI_TURN_SKIP = 21612
+# the data-volume rows (those that train on a grown file) -> (their set, their extra conversations): one per
+# file, since the rows that share a file share the one grow_rows writes
 EXTRA_ROWS = {
     row: GROWN_TRAIN_FILES[o["train_file"]] for row, (o, _) in ROWS.items() if o.get("train_file") in GROWN_TRAIN_FILES
 }

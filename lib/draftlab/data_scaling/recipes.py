@@ -40,14 +40,19 @@ from draftlab.train_draft import (
 )
 
 
-def grow_rows(rows: list[str], train_file: str, regenerated: str) -> dict[str, dict]:
+def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> dict[str, dict]:
     """The data-volume rows' own train files (EXTRA_ROWS) not written yet: the study's train file followed
-    by the row's share of the regenerated extra prompts. Returns {row: counts} of those written now."""
+    by the row's share of its regenerated set ({set: file}). Returns {row: counts} of those written now;
+    InputError for a row whose set is not given."""
     written = {}
     for row in (r for r in rows if r in EXTRA_ROWS):
         own = Path(row_train_file(row, train_file))
-        if not own.is_file():
-            written[row] = grow_train(Path(train_file), Path(regenerated), EXTRA_ROWS[row], own)
+        if own.is_file():
+            continue
+        name, n = EXTRA_ROWS[row]
+        if name not in regenerated:
+            raise InputError(f"recipe row {row}: its train file needs the regenerated set {name!r}, not given")
+        written[row] = grow_train(Path(train_file), Path(regenerated[name]), n, own)
     return written
 
 
