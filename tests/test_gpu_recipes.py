@@ -15,7 +15,9 @@ import pytest
 from tests.test_recipes import SMOKE
 from tests.test_train import write_fixture
 
+from draftlab.data_scaling.recipe_rows import GROWN_TRAIN_FILES
 from draftlab.run import gpu_recipes
+from draftlab.run import gpu_recipes_regen as regen_sets
 from draftlab.run.gpu_call import Call
 from draftlab.run.gpu_recipes import AGAIN, DONE, FAILED, Knobs
 from test_gpu_sglang import HOLDS_CARGO, logged, stand_in_python, wrapper_stash_log
@@ -53,7 +55,8 @@ def call(tmp_path, monkeypatch):
     fake = stand_in_python(tmp_path, monkeypatch, FAKE_PYTHON)
     monkeypatch.setattr(gpu_recipes.gpu_call, "ensure_all", lambda c: True)  # the set-up: tested in test_gpu_call
     # the repo's tracked answers (2026-12-02) would skip the regeneration these tests drive; one test uses them
-    monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", str(tmp_path / "no-tracked-answers.jsonl.xz"))
+    for name in regen_sets.SETS:
+        monkeypatch.setitem(regen_sets.REGENERATED, name, str(tmp_path / f"no-tracked-{name}.jsonl.xz"))
     now = int(time.time())
     c = Call(
         out=tmp_path / "out",
@@ -120,13 +123,13 @@ def test_stage_data_unpacks_the_tracked_splits_and_the_published_draft_once(call
 def test_the_tracked_answers_give_the_data_volume_rows_their_train_files_without_regenerating(
     call, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(gpu_recipes, "EXTRA_REGENERATED", "results/recipes-2026-12-01/data/extra-regen.jsonl.xz")
+    monkeypatch.setitem(regen_sets.REGENERATED, "extra", "results/recipes-2026-12-01/data/extra-regen.jsonl.xz")
     staged_small(call, tmp_path)
     monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
     assert gpu_recipes.run_phase(call, "regen", knobs(call, tmp_path, ROWS="data2x")) == DONE
     assert not logged(tmp_path)  # nothing regenerated: the 21,612 answers came from the repo
     data = gpu_recipes.data_dir(call)
-    with lzma.open(ROOT / gpu_recipes.EXTRA_REGENERATED) as f:
+    with lzma.open(ROOT / regen_sets.REGENERATED["extra"]) as f:
         assert (data / "extra-regen.jsonl").read_bytes() == f.read()
     assert len((data / "train-data2x.jsonl").read_text().splitlines()) == 32 + 21612
 
@@ -311,7 +314,7 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
         assert sorted(tar.getnames()) == ["extra-work", "extra-work/shards", "extra-work/shards/part-00000.jsonl"]
     monkeypatch.delenv("FAKE_REGEN_SLOW")
     shutil.rmtree(data / "extra-work")  # a cold machine: the carried work folder resumes
-    monkeypatch.setattr(gpu_recipes, "REGEN_PARTIAL", str(call.out / "extra-work.tar.gz"))
+    monkeypatch.setattr(regen_sets, "partial", lambda name: str(call.out / f"{name}-work.tar.gz"))
     call.deadline = int(time.time()) + 600
     assert gpu_recipes.run_phase(call, "regen", k) == DONE
     assert (data / "extra-work/shards/part-00000.jsonl").is_file()
@@ -328,7 +331,7 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
         ("--serve", str(call.model_dir)),
     ):
         assert argv[argv.index(flag) + 1] == value
-    assert argv[0] == str(ROOT / gpu_recipes.EXTRA_PROMPTS) and argv[1] == str(data / "extra-work")
+    assert argv[0] == str(ROOT / regen_sets.EXTRA_PROMPTS) and argv[1] == str(data / "extra-work")
     with lzma.open(call.out / "extra-regen.jsonl.xz") as f:
         assert f.read() == (data / "extra-regen.jsonl").read_bytes()
     grown = (data / "train-data2x.jsonl").read_text().splitlines()
@@ -342,7 +345,43 @@ def test_regen_phase_regenerates_the_extra_prompts_sends_them_back_and_grows_the
     k.rows = ["data2x", "best-data2x"]  # a row not seen yet: grow runs (a no-op: they share the file)
     assert gpu_recipes.stage_data(call, k)
     assert sum("grow" in map(str, argv) for argv in children) == 1
-    assert json.loads((data / "grown-rows.json").read_text()) == ["best-data2x", "data2x", "fcnorm"]
+    assert json.loads((data / "grown-rows.json").read_text()) == {
+        "rows": ["best-data2x", "data2x", "fcnorm"],
+        "sets": ["extra"],
+    }
+
+
+def test_regen_phase_makes_the_multi_turn_prompts_regenerates_them_and_grows_only_their_rows(
+    call, tmp_path, monkeypatch, capsys
+):
+    """REGEN_SET=multi-turn: the two-turn prompts made here from the tracked extra prompts (`recipes
+    multi-turn`, for real), answered (the stand-in), sent back, and the rows drawing on that set grown; a row
+    whose set is not here yet (data2x: extra) is left for later, not failed."""
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
+    k = knobs(call, tmp_path, ROWS="data2x-mt,data2x", REGEN_SET="bogus")
+    assert gpu_recipes.run_phase(call, "regen", k) == FAILED
+    assert "REGEN_SET bogus: expected one of extra, multi-turn" in capsys.readouterr().out
+    k.regen_set, k.regen_rows = "multi-turn", Knobs.from_env(call, env={"REGEN_SET": "multi-turn"}).regen_rows
+    assert k.regen_rows == 10806  # the most recipe_rows.GROWN_TRAIN_FILES takes from the set
+    assert gpu_recipes.run_phase(call, "regen", k) == DONE
+    data = gpu_recipes.data_dir(call)
+    argv = logged(tmp_path)[-1]["argv"]
+    assert argv[:2] == [str(data / "multi-turn-prompts.jsonl.xz"), str(data / "multi-turn-work")]
+    assert argv[argv.index("--limit") + 1] == "10806"
+    with lzma.open(data / "multi-turn-prompts.jsonl.xz", "rt") as f:
+        first = json.loads(f.readline())
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "user"]
+    with lzma.open(call.out / "multi-turn-regen.jsonl.xz") as f:
+        assert f.read() == (data / "multi-turn-regen.jsonl").read_bytes()
+    assert len((data / "train-mt.jsonl").read_text().splitlines()) == 32 + 10806
+    assert not (data / "train-data2x.jsonl").exists()  # its set is not regenerated here: skipped, not failed
+    assert json.loads((data / "grown-rows.json").read_text()) == {
+        "rows": ["data2x", "data2x-mt"],
+        "sets": ["multi-turn"],
+    }
+    for name, n in regen_sets.DEFAULT_ROWS.items():  # the run layer's own copy of recipe_rows' counts
+        assert n == max(count for set_name, count in GROWN_TRAIN_FILES.values() if set_name == name)
 
 
 def test_one_call_runs_several_phases_in_order(call, tmp_path, monkeypatch, capsys):
@@ -352,7 +391,7 @@ def test_one_call_runs_several_phases_in_order(call, tmp_path, monkeypatch, caps
     assert gpu_recipes.run_phase(call, "stash bogus", k) == 2
     assert "unknown PHASE stash bogus: expected" in capsys.readouterr().out
     assert gpu_recipes.run_phase(call, "regen measure", k) == FAILED  # 5 answers: too few for data2x's 21,612
-    assert [r["argv"][0] for r in logged(tmp_path)] == [str(ROOT / gpu_recipes.EXTRA_PROMPTS)]  # measure never ran
+    assert [r["argv"][0] for r in logged(tmp_path)] == [str(ROOT / regen_sets.EXTRA_PROMPTS)]  # measure never ran
     k.rows = ["fcnorm"]  # a row that needs no extra data
     assert gpu_recipes.run_phase(call, "regen measure", k) == DONE
     assert logged(tmp_path)[-1]["argv"][:2] == ["--rows", "base,fcnorm"]

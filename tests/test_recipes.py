@@ -340,8 +340,9 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
     monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", ("extra", 2))
-    with pytest.raises(InputError, match="recipe row data2x: its train file needs the regenerated set 'extra'"):
-        recipes.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
+    skipped = recipes.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
+    assert skipped == {"data2x": {"skipped": "its regenerated set 'extra' is not given"}}
+    assert not (data / "train-data2x.jsonl").exists()
     assert recipes.grow_rows(["base", "data2x"], train, {"extra": str(regenerated)}) == {
         "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}
     }

@@ -42,8 +42,8 @@ from draftlab.train_draft import (
 
 def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> dict[str, dict]:
     """The data-volume rows' own train files (EXTRA_ROWS) not written yet: the study's train file followed
-    by the row's share of its regenerated set ({set: file}). Returns {row: counts} of those written now;
-    InputError for a row whose set is not given."""
+    by the row's share of its regenerated set ({set: file}). Returns {row: counts} of those written now, and
+    {row: {"skipped": why}} for a row whose set is not given (not regenerated yet: a later call grows it)."""
     written = {}
     for row in (r for r in rows if r in EXTRA_ROWS):
         own = Path(row_train_file(row, train_file))
@@ -51,7 +51,8 @@ def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> 
             continue
         name, n = EXTRA_ROWS[row]
         if name not in regenerated:
-            raise InputError(f"recipe row {row}: its train file needs the regenerated set {name!r}, not given")
+            written[row] = {"skipped": f"its regenerated set {name!r} is not given"}
+            continue
         written[row] = grow_train(Path(train_file), Path(regenerated[name]), n, own)
     return written
 
