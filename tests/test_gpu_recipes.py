@@ -273,6 +273,7 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         CONCURRENCY="1,16",
         REPEATS=3,
         SERVER_FLAGS="--sleep-on-idle",
+        MULTI_TURN=16,
     )
     assert gpu_recipes.run_phase(call, "measure", k) == DONE
     (run,) = logged(tmp_path)
@@ -284,6 +285,8 @@ def test_measure_phase_measures_base_and_the_rows_with_the_knobs(call, tmp_path,
         ("--concurrency", "1,16"),
         ("--repeats", "3"),
         ("--humaneval", "4"),
+        ("--multi-turn", str(ROOT / gpu_recipes.MULTI_TURN_HELD_OUT)),
+        ("--multi-turn-samples", "16"),
         ("--out", str(gpu_recipes.study_dir(call))),
         ("--held-out", str(gpu_recipes.data_dir(call) / "test.jsonl")),
     ):

@@ -483,6 +483,39 @@ def test_multi_turn_prompts_pair_unused_extra_prompts_and_regenerate_turn_by_tur
     assert not answered({"messages": [both[0], {"role": "assistant", "content": ""}, *both]})
 
 
+def test_held_out_multi_turn_prompts_follow_the_targets_own_answer_and_measure_as_a_third_set(tmp_path):
+    """The tracked multi-turn held-out set is what `recipes multi-turn-held-out` makes from the regenerated
+    val split (the target's answers, after the training's 256 validation rows); `recipes measure` takes its
+    first N as the set multi_turn, after the held-out and HumanEval prompts, earlier turns included."""
+    import lzma
+    from pathlib import Path
+
+    from draftlab.data_scaling.volume import FOLLOW_UPS, answered
+
+    root = Path(__file__).resolve().parents[1]
+    tracked = root / "results/recipes-2026-12-01/data/multi-turn-held-out.jsonl"
+    out = tmp_path / "mt.jsonl"
+    argv = ["recipes", "multi-turn-held-out", "--val", str(root / "results/reference/data/regen/val.jsonl.xz")]
+    args = build_parser(argv).parse_args([*argv, "--n", "64", "--out", str(out)])
+    assert args.func(args) == 0 and out.read_bytes() == tracked.read_bytes()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    val = [json.loads(line) for line in lzma.open(root / "results/reference/data/regen/val.jsonl.xz", "rt")]
+    assert [r["id"] for r in rows] == [r["id"] for r in val[256:] if answered(r)][:64]
+    for row in rows:
+        *history, follow = row["messages"]
+        assert history == next(v["messages"] for v in val if v["id"] == row["id"]) and follow["role"] == "user"
+        name = ".".join(x for x in (row["meta"].get("module"), row["meta"].get("qualname")) if x)
+        assert follow["content"] in {f.format(name=name) for f in FOLLOW_UPS}
+    held_out = tmp_path / "test.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in val[:8]))
+    prompts, sets = recipes.prompt_sets(str(held_out), 8, 2, str(out), 4)
+    assert sets == {"held_out": range(0, 8), "humaneval": range(8, 10), "multi_turn": range(10, 14)}
+    assert [m["role"] for m in prompts[10]["messages"]] == ["user", "assistant", "user"]
+    assert recipes.prompt_sets(str(held_out), 8, 2)[1] == {"held_out": range(0, 8), "humaneval": range(8, 10)}
+    with pytest.raises(InputError, match="64 prompts, fewer than 65"):
+        recipes.prompt_sets(str(held_out), 8, 0, str(out), 65)
+
+
 def test_core_acceptance_se_is_the_bootstrap_spread_over_requests():
     from draftlab.core.acceptance import acceptance_se
 

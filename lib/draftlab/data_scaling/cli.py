@@ -24,7 +24,7 @@ from draftlab.data_scaling.recipes import (
     write_report,
 )
 from draftlab.data_scaling.size_curve import sglang_size_curve
-from draftlab.data_scaling.volume import extra_prompts, multi_turn_prompts
+from draftlab.data_scaling.volume import extra_prompts, multi_turn_held_out, multi_turn_prompts
 from draftlab.engine import encode_prompts
 from draftlab.model.target import load_tokenizer
 from draftlab.sglang.install import server_env
@@ -81,6 +81,8 @@ def add_recipes_parser(subparsers) -> None:
     m.add_argument("--held-out", required=True, help="the blend's held-out split (canonical JSONL)")
     m.add_argument("--samples", type=int, default=64, help="held-out prompts")
     m.add_argument("--humaneval", type=int, default=32, help="HumanEval prompts after them (0: none)")
+    m.add_argument("--multi-turn", help="held-out multi-turn prompts (recipes multi-turn-held-out), after those")
+    m.add_argument("--multi-turn-samples", type=int, default=0, help="of --multi-turn (0: none)")
     m.add_argument("--steps", type=int, default=6, help="chain length S of every row's main server")
     m.add_argument("--chain", default="", help="more chain lengths S, a server each per row (e.g. 1,2,3,4,5,6,7)")
     m.add_argument("--chain-rows", default="", help="the rows that get the --chain servers (default: all)")
@@ -178,6 +180,15 @@ def add_recipes_parser(subparsers) -> None:
     m.add_argument("--out", required=True, help=".jsonl.xz")
     m.set_defaults(func=_multi_turn)
 
+    h = sub.add_parser(
+        "multi-turn-held-out", help="held-out multi-turn prompts: a regenerated val conversation and a follow-up"
+    )
+    h.add_argument("--val", required=True, help="the regenerated held-out conversations (the target's answers)")
+    h.add_argument("--skip", type=int, default=256, help="leave out the first SKIP (the training's validation)")
+    h.add_argument("--n", type=int, required=True, help="prompts to write")
+    h.add_argument("--out", required=True, help=".jsonl (recipes measure --multi-turn)")
+    h.set_defaults(func=_multi_turn_held_out)
+
 
 def _rows(text: str) -> list[str]:
     return [r for r in text.split(",") if r]
@@ -214,7 +225,7 @@ def _speed(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval)
+    prompts, sets = prompt_sets(args.held_out, args.samples, args.humaneval, args.multi_turn, args.multi_turn_samples)
     ids = encode_prompts(load_tokenizer(args.model_path), [p["messages"] for p in prompts])
     levels = [int(c) for c in args.concurrency.split(",") if c]
     measure_rows(
@@ -278,6 +289,11 @@ def _grow(args: argparse.Namespace) -> int:
 
 def _multi_turn(args: argparse.Namespace) -> int:
     print(json.dumps(multi_turn_prompts(Path(args.extra), args.skip, args.n, Path(args.out))))
+    return 0
+
+
+def _multi_turn_held_out(args: argparse.Namespace) -> int:
+    print(json.dumps(multi_turn_held_out(Path(args.val), args.skip, args.n, Path(args.out))))
     return 0
 
 

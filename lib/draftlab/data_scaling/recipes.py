@@ -171,13 +171,23 @@ def train_rows(
     return status
 
 
-def prompt_sets(held_out: str, samples: int, humaneval: int) -> tuple[list[dict], dict[str, range]]:
-    """The held-out split's first `samples` prompts, then HumanEval's first `humaneval`: (prompts, index ranges)."""
+def prompt_sets(
+    held_out: str, samples: int, humaneval: int, multi_turn: str | None = None, multi_turn_samples: int = 0
+) -> tuple[list[dict], dict[str, range]]:
+    """The held-out split's first `samples` prompts, then HumanEval's first `humaneval`, then the first
+    `multi_turn_samples` of the multi-turn held-out file (volume.multi_turn_held_out): (prompts, index ranges)."""
     prompts = load_eval_set(held_out, None, samples)
-    code = load_eval_set("humaneval", None, humaneval) if humaneval else []
     if len(prompts) < samples:
         raise InputError(f"{held_out}: {len(prompts)} prompts, fewer than {samples}")
-    return prompts + code, {"held_out": range(len(prompts)), "humaneval": range(len(prompts), len(prompts) + len(code))}
+    parts = {"held_out": prompts, "humaneval": load_eval_set("humaneval", None, humaneval) if humaneval else []}
+    if multi_turn_samples:
+        parts["multi_turn"] = load_eval_set(str(multi_turn), None, multi_turn_samples)
+        if len(parts["multi_turn"]) < multi_turn_samples:
+            raise InputError(f"{multi_turn}: {len(parts['multi_turn'])} prompts, fewer than {multi_turn_samples}")
+    sets, start = {}, 0
+    for name, part in parts.items():
+        sets[name], start = range(start, start + len(part)), start + len(part)
+    return [p for part in parts.values() for p in part], sets
 
 
 def row_entries(

@@ -100,6 +100,28 @@ def multi_turn_prompts(extra: Path, skip: int, n: int, out: Path, seed: int = 0)
     return {"pool": len(pool), "written": n, "same_item": follow_ups, "next_prompt": n - follow_ups, "out": str(out)}
 
 
+def multi_turn_held_out(val: Path, skip: int, n: int, out: Path, seed: int = 1) -> dict:
+    """`n` held-out multi-turn prompts for the SGLang measurement, written to `out` (.jsonl): a regenerated
+    held-out conversation (the target's own answer) after its first `skip` rows (those the training validates
+    on), then a follow-up (FOLLOW_UPS) for the server to answer. Why the target's answer: a server's second turn
+    follows its own first one."""
+    rng, rows = random.Random(seed), []
+    for i, row in enumerate(read_jsonl(val)):
+        if i < skip or not answered(row):
+            continue
+        meta = row.get("meta", {})
+        name = ".".join(x for x in (meta.get("module"), meta.get("qualname")) if x)
+        follow = rng.choice([f for f in FOLLOW_UPS if name or "{name}" not in f]).format(name=name)
+        rows.append({**row, "messages": [*row["messages"], {"role": "user", "content": follow}]})
+        if len(rows) == n:
+            break
+    if len(rows) < n:
+        raise InputError(f"{val}: {len(rows)} answered conversations after the first {skip}, fewer than {n}")
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        f.writelines(jsonl_line(row) for row in rows)
+    return {"written": n, "out": str(out)}
+
+
 def user_text(row: dict) -> str:
     """The first user turn's text of a prompt row."""
     return next(m["content"] for m in row["messages"] if m["role"] == "user")

@@ -12,7 +12,8 @@ measured through `draftlab recipes` (draftlab.data_scaling.recipes) as child pro
 PHASE may name several, run in order within one call ("regen train").
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head, offline; none: no check),
-TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32),
+TRAIN_SET (more `recipes train` options, whitespace-split), SAMPLES (64), HUMANEVAL (32), MULTI_TURN (0; N: the
+first N held-out multi-turn prompts of MULTI_TURN_HELD_OUT after those),
 RECIPES_TARGET (embedded; tests train the tiny one), CHAIN (more chain lengths S measured per row, e.g.
 1,2,3,4,5,6,7: a server each, all up at once; default none: S = 6 alone), CONCURRENCY (16,1: the main
 servers' levels; acceptance and the CHAIN servers' one window come from the first, so 1,16 gives the
@@ -58,6 +59,7 @@ PUBLISHED_RUNS = {
 # published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
 # device time ran out at step 4,595 of 4,945 (2026-12-02), its learning rate then 1.3% of the peak
 PUBLISHED_UNFINISHED = {"best-data2x"}
+MULTI_TURN_HELD_OUT = "results/recipes-2026-12-01/data/multi-turn-held-out.jsonl"  # recipes multi-turn-held-out
 SPEED_MIN_S = 120  # the speed check starts only with this much of the call left (the tokenising, ~30 s for 21.6K rows)
 
 
@@ -73,6 +75,7 @@ class Knobs:
     train_set: list[str]  # TRAIN_SET
     samples: int  # SAMPLES
     humaneval: int  # HUMANEVAL
+    multi_turn: int  # MULTI_TURN
     target: str  # RECIPES_TARGET
     base_draft: Path  # the published draft (carried as .device/drafts/eagle3): row `base`
     published: list[str]  # PUBLISHED: more rows measured from their published drafts (PUBLISHED_RUNS)
@@ -106,6 +109,7 @@ class Knobs:
             train_set=env.get("TRAIN_SET", "").split(),
             samples=int(get("SAMPLES", 64)),
             humaneval=int(get("HUMANEVAL", 32)),
+            multi_turn=int(get("MULTI_TURN", 0)),
             target=get("RECIPES_TARGET", "embedded"),
             base_draft=call.repo / ".device/drafts/eagle3",
             send_drafts=None
@@ -328,6 +332,10 @@ def measure_rows(call: Call, knobs: Knobs) -> int:
         knobs.samples,
         "--humaneval",
         knobs.humaneval,
+        "--multi-turn",
+        call.repo / MULTI_TURN_HELD_OUT,
+        "--multi-turn-samples",
+        knobs.multi_turn,
         "--chain",
         knobs.chain,
         "--chain-rows",
