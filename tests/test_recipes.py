@@ -512,6 +512,8 @@ def test_held_out_multi_turn_prompts_follow_the_targets_own_answer_and_measure_a
     assert sets == {"held_out": range(0, 8), "humaneval": range(8, 10), "multi_turn": range(10, 14)}
     assert [m["role"] for m in prompts[10]["messages"]] == ["user", "assistant", "user"]
     assert recipes.prompt_sets(str(held_out), 8, 2)[1] == {"held_out": range(0, 8), "humaneval": range(8, 10)}
+    with pytest.raises(InputError, match="4 multi-turn prompts asked for, but no multi-turn file given"):
+        recipes.prompt_sets(str(held_out), 8, 0, None, 4)
     with pytest.raises(InputError, match="64 prompts, fewer than 65"):
         recipes.prompt_sets(str(held_out), 8, 0, str(out), 65)
 

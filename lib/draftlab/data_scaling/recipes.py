@@ -181,6 +181,8 @@ def prompt_sets(
         raise InputError(f"{held_out}: {len(prompts)} prompts, fewer than {samples}")
     parts = {"held_out": prompts, "humaneval": load_eval_set("humaneval", None, humaneval) if humaneval else []}
     if multi_turn_samples:
+        if not multi_turn:
+            raise InputError(f"{multi_turn_samples} multi-turn prompts asked for, but no multi-turn file given")
         parts["multi_turn"] = load_eval_set(str(multi_turn), None, multi_turn_samples)
         if len(parts["multi_turn"]) < multi_turn_samples:
             raise InputError(f"{multi_turn}: {len(parts['multi_turn'])} prompts, fewer than {multi_turn_samples}")
