@@ -108,7 +108,7 @@ scaling.summary_table(results)
 # errors. The extra data is priced with the regeneration rate measured in notebook 03.
 
 # %%
-fits = scaling.fit_all(results)
+fits = scaling.fit_all(results, ceiling=scaling.sim_ceiling(results))
 chain_fits = scaling.fit_all(results, "chain_acceptance_length", ceiling=scaling.chain_ceiling(results))
 regen = scaling.regen_throughput(run.dir)
 extrapolation = scaling.extrapolate(fits, results, regen, FACTOR, GOAL)

@@ -222,6 +222,7 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
         for r in results
     ]
     assert scaling.chain_ceiling(chain) == 7.0 and scaling.chain_ceiling(results) is None  # no chain: no ceiling
+    assert scaling.sim_ceiling(results) is None and scaling.sim_ceiling([{**r, "acc": [0.5] * 7} for r in results]) == 8
     assert scaling.chain_ceiling([*chain[:-1], {**chain[-1], "chain_steps": 3}]) is None  # depths differ
     chain_fits = scaling.fit_all(chain, "chain_acceptance_length", ceiling=scaling.chain_ceiling(chain))
     assert chain_fits["eagle3"]["logistic"].ceiling == 7.0

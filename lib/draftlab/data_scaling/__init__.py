@@ -34,6 +34,7 @@ from draftlab.data_scaling.fits import (  # noqa: F401
     loglinear,
     regen_throughput,
     saturating,
+    sim_ceiling,
 )
 from draftlab.data_scaling.plan import (  # noqa: F401
     ARCHS,

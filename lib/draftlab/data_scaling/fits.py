@@ -128,11 +128,21 @@ def fit_curve(n, y, se=None, model: str = "loglinear", ceiling: float | None = N
     return Fit(model, params.tolist(), cov.tolist(), dof, scale, True, "", ceiling)
 
 
-def chain_ceiling(points: list[dict]) -> float | None:
-    """The most one cycle can accept at the points' chain depth S (their `chain_steps`): S + 1; None when the
-    depths differ or are unknown."""
-    depths = {p.get("chain_steps") for p in points}
+def ceiling_of(depths) -> float | None:
+    """The most one cycle can accept at a chain of depth S: S + 1; None when the depths differ or are unknown."""
+    depths = set(depths)
     return float(depths.pop() + 1) if len(depths) == 1 and None not in depths else None
+
+
+def chain_ceiling(points: list[dict]) -> float | None:
+    """The logistic's ceiling for chain acceptance: the points' `chain_steps` S, plus 1."""
+    return ceiling_of(p.get("chain_steps") for p in points)
+
+
+def sim_ceiling(results: list[dict]) -> float | None:
+    """The logistic's ceiling for simulated acceptance (1 + a0 + a0*a1 + ...): the training-time-test depth, the
+    length of each row's `acc`, plus 1."""
+    return ceiling_of(len(r["acc"]) if r.get("acc") else None for r in results)
 
 
 def fit_all(results: list[dict], metric: str = "sim_accept_len", ceiling: float | None = None) -> dict:
