@@ -100,10 +100,11 @@ scaling.summary_table(results)
 
 # %% [markdown]
 # ## 3 · Fitted curves and the 10x extrapolation
-# Two fits per architecture with `scipy.optimize.curve_fit`, weighted by each point's standard
-# error: log-linear `a + b·log10(n)` (keeps rising: optimistic) and saturating
-# `y∞ − b·(n/1000)^−c` (levels off: conservative; needs 4+ points); the SGLang curve below adds a
-# logistic in log n under the chain's ceiling S + 1, for points that bend upwards. Bands are 95% intervals from
+# Three fits per architecture with `scipy.optimize.curve_fit`, weighted by each point's standard
+# error: log-linear `a + b·log10(n)` (keeps rising: optimistic), saturating `y∞ − b·(n/1000)^−c`
+# (levels off: conservative; needs 4+ points) and a logistic in log n under a given ceiling (a chain of
+# S accepts at most S + 1; simulated acceptance at most the training-time-test depth + 1), for points
+# that bend upwards. Bands are 95% intervals from
 # the parameter covariance, inflated by the reduced chi-square when points scatter more than their
 # errors. The extra data is priced with the regeneration rate measured in notebook 03.
 
