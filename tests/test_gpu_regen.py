@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from draftlab.core.serve import free_port
+from draftlab.core.serve import free_port, free_port_run
 from draftlab.run import gpu_regen
 from draftlab.run.gpu_call import Call
 from draftlab.sglang.install import DONE_MARKER
@@ -89,7 +89,7 @@ def gone(pid: int) -> bool:
 
 
 def test_regen_servers_keeps_its_servers_up_across_every_client_run(call, rows_xz, tmp_path):
-    port = free_port()
+    port = free_port_run(2)  # the two servers' PORT and PORT + 1
     assert (
         gpu_regen.regen_servers(
             call, k=2, n=4, concurrency=4, rows_xz=rows_xz, port=port, python=fake_sglang_python(tmp_path)
@@ -122,7 +122,7 @@ def test_regen_servers_keeps_its_servers_up_across_every_client_run(call, rows_x
 def test_a_server_that_dies_at_start_is_one_line_and_stops_the_others(call, rows_xz, tmp_path, capsys):
     python = fake_sglang_python(tmp_path, 'echo "scheduler died: no GPU" >&2; exit 1')
     t0 = time.time()
-    assert gpu_regen.regen_servers(call, k=2, n=4, rows_xz=rows_xz, python=python, port=free_port()) == 1
+    assert gpu_regen.regen_servers(call, k=2, n=4, rows_xz=rows_xz, python=python, port=free_port_run(2)) == 1
     assert time.time() - t0 < 30
     out = capsys.readouterr().out
     failed = [line for line in out.splitlines() if "FAILED" in line]

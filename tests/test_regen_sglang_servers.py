@@ -13,7 +13,7 @@ import pytest
 
 from draftlab.core.errors import InputError
 from draftlab.core.process import ServerStartError
-from draftlab.core.serve import free_port
+from draftlab.core.serve import free_port_run
 from draftlab.regenerate import cli
 from draftlab.sglang.server import REGEN_RUNNING, TargetServers, regeneration_commands
 
@@ -58,9 +58,27 @@ def _gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+def test_free_port_run_skips_a_port_whose_next_one_is_taken(monkeypatch):
+    """The group's ports are PORT .. PORT + count - 1: a candidate whose next port is held is passed over."""
+    import socket
+
+    from draftlab.core import serve
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        candidates = iter([taken - 1, serve.free_port()])
+        monkeypatch.setattr(serve, "free_port", lambda host="127.0.0.1": next(candidates))
+        port = serve.free_port_run(2)
+        assert port != taken - 1 and taken not in (port, port + 1)
+        with pytest.raises(OSError, match="no 2 consecutive free ports on 127.0.0.1 in 1 tries"):
+            monkeypatch.setattr(serve, "free_port", lambda host="127.0.0.1": taken - 1)
+            serve.free_port_run(2, tries=1)
+
+
 def test_target_servers_start_together_answer_on_their_urls_and_all_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
-    port = free_port()
+    port = free_port_run(2)
     group = TargetServers(
         "/m/target", 2, tmp_path / "logs", port=port, python=_fake_python(tmp_path), startup_timeout=20
     )
@@ -79,7 +97,7 @@ def test_one_server_that_never_gets_healthy_stops_the_others_too(tmp_path, monke
         "/m/target",
         2,
         tmp_path / "logs",
-        port=free_port(),
+        port=free_port_run(2),
         python=_fake_python(tmp_path, "--ready-after", "600"),
         startup_timeout=2,
     )

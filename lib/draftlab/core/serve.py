@@ -24,6 +24,7 @@ __all__ = [
     "LocalServer",
     "ServerStartError",
     "free_port",
+    "free_port_run",
     "require_reachable",
     "transformers_serve_command",
     "sglang_target_command",
@@ -54,6 +55,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
+    """A port free now with the `count - 1` after it, for a group of servers on consecutive ports (a lone
+    free_port() once found the next one taken, 2026-12-03: "Address already in use")."""
+    for _ in range(tries):
+        port, held = free_port(host), []
+        try:
+            for k in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind((host, port + k))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+        return port
+    raise OSError(f"no {count} consecutive free ports on {host} in {tries} tries")
 
 
 def _transformers_exe() -> list[str]:
