@@ -54,7 +54,7 @@ PROFILE_CHILD_S = 120  # each tokeniser profile at most
 # published recipe rows (base aside: the reference draft) -> the folder with draft/eagle3.commit, train/summary.json
 PUBLISHED_RUNS = {
     row: f"results/recipes-2026-12-01/{row}"
-    for row in "fcnorm fcnorm-lr1e-3 n10806 best-data2x epochs10 data2x-5ep lr-const eagle1-lr1e-3".split()
+    for row in "fcnorm fcnorm-lr1e-3 n10806 best-data2x epochs10 data2x-5ep lr-const eagle1-lr1e-3 best-const".split()
 }
 # published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
 # device time ran out at step 4,595 of 4,945 (2026-12-02), its learning rate then 1.3% of the peak
