@@ -78,6 +78,16 @@ def test_parse_shapes():
     assert (u.completion_tokens, u.spec_verify_ct, u.finish_reason) == (21, 7, "stop")
     assert bench.parse_response(CHAT_PLAIN).spec_verify_ct is None
     assert bench.parse_response(GENERATE_PLAIN).spec_verify_ct is None
+    assert bench.parse_response(GENERATE_SPEC).e2e_latency == pytest.approx(0.21)  # the server's own seconds
+    assert bench.parse_response(CHAT_SPEC).e2e_latency is None  # not given: never a made-up 0
+
+
+def test_a_window_sums_the_servers_latencies_only_when_every_reply_has_one():
+    spec, plain, chat = (bench.parse_response(b) for b in (GENERATE_SPEC, GENERATE_PLAIN, CHAT_SPEC))
+    w = bench.measured_window("x", "u", 1, 0, [spec, plain], 0.5, True, 0, True)
+    assert w.server_s == pytest.approx(0.31) and w.wall_s == 0.5
+    assert bench.measured_window("x", "u", 1, 0, [spec, chat], 0.5, True, 0, True).server_s is None
+    assert bench.measured_window("x", "u", 1, 0, [], 0.5, True, 0, True).server_s is None
 
 
 def test_parse_errors_name_the_problem():

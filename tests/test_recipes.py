@@ -199,6 +199,9 @@ def test_measure_rows_takes_repeated_windows_and_the_table_their_median(tmp_path
     assert seen["repeats"] == 3 and seen["warmup"] == 1
     windows = [{"label": "base", "concurrency": 1, "tokens_per_s": v} for v in (615, 809, 584)]
     assert recipes._tok_s(windows) == {("base", 1): 615.0}  # one noisy window does not make the row
+    # over the server's own seconds: only the windows that recorded them (server_s from 2026-12-04)
+    windows = [{**w, "completion_tokens": 1000, "server_s": s} for w, s in zip(windows, (2.0, 1.0, None))]
+    assert recipes._tok_s(windows, server=True) == {("base", 1): 750.0}
 
 
 def test_measuring_a_row_whose_training_was_cut_fails_before_any_server_starts(tmp_path, monkeypatch):
@@ -254,9 +257,9 @@ def test_table_splits_acceptance_by_prompt_set(tmp_path):
     append_jsonl(
         out / "sglang" / "windows.jsonl",
         [
-            {"label": "baseline", "concurrency": 1, "tokens_per_s": 100.0},
+            {"label": "baseline", "concurrency": 1, "tokens_per_s": 100.0, "completion_tokens": 100, "server_s": 0.8},
             {"label": "baseline", "concurrency": 16, "tokens_per_s": 1000.0},
-            {"label": "base", "concurrency": 1, "tokens_per_s": 150.0},
+            {"label": "base", "concurrency": 1, "tokens_per_s": 150.0, "completion_tokens": 150, "server_s": 0.6},
             {"label": "base", "concurrency": 16, "tokens_per_s": 700.0},
             {"label": "base", "concurrency": 16, "tokens_per_s": 900.0},
             {"label": "base", "concurrency": 16, "tokens_per_s": 800.0},
@@ -267,6 +270,7 @@ def test_table_splits_acceptance_by_prompt_set(tmp_path):
     assert row["sglang_acceptance_held_out"] == pytest.approx(2.5) and row["sglang_acceptance_humaneval"] == 2.0
     assert row["sglang_speedup_c1"] == pytest.approx(1.5) and row["sglang_speedup_c16"] == pytest.approx(0.8)
     assert row["sglang_tok_s_c16"] == 800.0  # the median of its windows
+    assert row["sglang_server_speedup_c1"] == pytest.approx((150 / 0.6) / (100 / 0.8))  # the servers' own seconds
     assert row["acceptance_concurrency"] == 1  # the plan's first level gave the acceptance
     assert (out / "recipes.png").is_file() and (out / "table.csv").is_file()
     assert not (out / "acceptance_by_steps.csv").exists()  # one chain length: nothing to plot by S

@@ -36,6 +36,7 @@ def mock_generate(verify_every: int | None, outputs=None):
             "completion_tokens": len(ids),
             "prompt_tokens": len(body["input_ids"]),
             "finish_reason": {"type": "length"},
+            "e2e_latency": 0.001 * len(ids),  # the server's own seconds for the request
         }
         if verify_every:
             meta["spec_verify_ct"] = -(-len(ids) // verify_every)
@@ -58,6 +59,7 @@ def test_windows_send_the_same_ids_greedy_and_pool_acceptance():
     assert [b["input_ids"] for b in seen["bodies"][len(PROMPTS) : 2 * len(PROMPTS)]] == PROMPTS
     w = windows[0]
     assert w.completion_tokens == 40 and w.verify_steps == 20 and w.acceptance_length == pytest.approx(2.0)
+    assert w.server_s == pytest.approx(0.001 * 40)  # the replies' e2e_latency summed: the server's share
     assert [r.index for r in first] == list(range(len(PROMPTS)))  # batch-1 outputs, in prompt order
     assert first[0].output_ids == [1, 2, 3, 4]
 
@@ -143,6 +145,17 @@ def test_summary_gives_speedup_against_the_baseline_and_agreement(tmp_path):
     assert spec["server_avg_accept_length"] == pytest.approx(2.49) and spec["steps"] == 6
     assert spec["identical"] == 1 and spec["mean_common_prefix"] == pytest.approx(2.0)
     assert live._done_labels(tmp_path) == {"baseline", "EAGLE3 S6 K1 D7"}  # a rerun skips both
+
+
+def test_windows_written_before_server_s_existed_still_summarize(tmp_path):
+    _write_result(tmp_path, "baseline", 800.0, 1000, None, [[1, 2]])
+    _write_result(tmp_path, "EAGLE3 S6 K1 D7", 1000.0, 1000, 400, [[1, 2]], steps=6)
+    rows = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    assert all("server_s" in r for r in rows)
+    (tmp_path / "windows.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "server_s"}) + "\n" for r in rows)
+    )
+    assert live.summarize(tmp_path).set_index("label").loc["EAGLE3 S6 K1 D7", "speedup"] == pytest.approx(1.25)
 
 
 def test_study_plan_equal_max_running_requests_and_the_wrong_flag():

@@ -88,6 +88,9 @@ class Usage:
     spec_verify_ct: int | None = None  # None: the server gave no speculative fields
     spec_accept_length: float | None = None  # the server's own per-request figure, when given
     finish_reason: str | None = None
+    # SGLang's meta_info e2e_latency: the server's own seconds for the request, without the client's HTTP round
+    # trip (batch-1 windows spread +-20% between rounds: this tells the server's share from the client's)
+    e2e_latency: float | None = None
 
 
 def parse_response(body: dict, where: str = "response") -> Usage:
@@ -113,12 +116,14 @@ def parse_response(body: dict, where: str = "response") -> Usage:
     if completion is None:
         raise ValueError(f"{where}: no completion_tokens in meta_info or usage")
     verify = meta.get("spec_verify_ct")
+    latency = meta.get("e2e_latency")
     return Usage(
         completion_tokens=int(completion),
         prompt_tokens=meta.get("prompt_tokens", usage.get("prompt_tokens")),
         spec_verify_ct=int(verify) if verify is not None else None,
         spec_accept_length=meta.get("spec_accept_length"),
         finish_reason=finish,
+        e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
     )
 
 
@@ -147,6 +152,9 @@ class Window:
     flushed: bool
     errors: int
     meta_info: bool  # return_meta_info was accepted by the server
+    # the sum of the replies' e2e_latency (None unless every reply had one): at batch 1 the server's busy time,
+    # wall_s less the client's; at higher batches the requests overlap and the sum exceeds the wall
+    server_s: float | None = None
 
 
 def measured_window(label, url, concurrency, repeat, usages, wall, flushed, errors, meta_info) -> Window:
@@ -155,8 +163,23 @@ def measured_window(label, url, concurrency, repeat, usages, wall, flushed, erro
     al = acceptance_length(usages)
     verify = sum(u.spec_verify_ct for u in usages) if al is not None else None
     tok_s = tokens / wall if wall else 0.0
+    latencies = [u.e2e_latency for u in usages]
+    server_s = sum(latencies) if usages and None not in latencies else None
     return Window(
-        label, url, concurrency, repeat, len(usages), tokens, verify, wall, tok_s, al, flushed, errors, meta_info
+        label,
+        url,
+        concurrency,
+        repeat,
+        len(usages),
+        tokens,
+        verify,
+        wall,
+        tok_s,
+        al,
+        flushed,
+        errors,
+        meta_info,
+        server_s,
     )
 
 

@@ -315,7 +315,8 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     rows = read_windows(out)
     fields = Window.__dataclass_fields__
     # samples per (label, concurrency): batch 1 the oracle's prompts, more at higher concurrency
-    table = summarize_windows([Window(**{k: r[k] for k in fields}) for r in rows], baseline=baseline)
+    # windows written before a field existed (server_s: 2026-12-04) take its default
+    table = summarize_windows([Window(**{k: r[k] for k in fields if k in r}) for r in rows], baseline=baseline)
     extra = {r["label"]: r for r in rows}
     for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):
         table[key] = [extra[label].get(key) for label in table["label"]]

@@ -366,16 +366,20 @@ def _levels(plan: dict) -> list[int]:
     return [levels] if isinstance(levels, int) else levels
 
 
-def _measured_tok_s(sglang: Path) -> dict[tuple[str, int], float]:
-    """(label, concurrency) -> median tok/s of a study's measured windows (none yet: {})."""
-    return _tok_s(read_windows(sglang)) if (sglang / "windows.jsonl").is_file() else {}
+def _measured_tok_s(sglang: Path, server: bool = False) -> dict[tuple[str, int], float]:
+    """(label, concurrency) -> median tok/s of a study's measured windows (none yet: {}); see _tok_s."""
+    return _tok_s(read_windows(sglang), server) if (sglang / "windows.jsonl").is_file() else {}
 
 
-def _tok_s(windows: list[dict]) -> dict[tuple[str, int], float]:
-    """(label, concurrency) -> the median tok/s of its measured windows."""
+def _tok_s(windows: list[dict], server: bool = False) -> dict[tuple[str, int], float]:
+    """(label, concurrency) -> the median tok/s of its measured windows: over the client's wall, or with
+    `server` over the server's own seconds (server_s, the replies' e2e_latency summed; windows without it,
+    those before 2026-12-04, are left out)."""
     by = {}
     for w in windows:
-        by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(w["tokens_per_s"])
+        rate = (w["completion_tokens"] / w["server_s"] if w.get("server_s") else None) if server else w["tokens_per_s"]
+        if rate is not None:
+            by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(rate)
     return {k: float(pd.Series(v).median()) for k, v in by.items()}
 
 
@@ -388,6 +392,7 @@ def table(out: Path) -> pd.DataFrame:
     sets = {k: range(*v) for k, v in plan["sets"].items()}
     levels = _levels(plan)
     tok_s = _measured_tok_s(sglang)
+    server_tok_s = _measured_tok_s(sglang, server=True)
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]
@@ -406,6 +411,10 @@ def table(out: Path) -> pd.DataFrame:
             line[f"sglang_tok_s_c{c}"] = tok_s.get((row, c))
             base = tok_s.get(("baseline", c))
             line[f"sglang_speedup_c{c}"] = tok_s[(row, c)] / base if base and (row, c) in tok_s else None
+        # batch 1 once more over the server's own seconds: the speedup without the client's HTTP round trips
+        # (at higher batches the requests overlap and their latencies do not add up to a time)
+        if (row, 1) in server_tok_s and ("baseline", 1) in server_tok_s:
+            line["sglang_server_speedup_c1"] = server_tok_s[(row, 1)] / server_tok_s[("baseline", 1)]
         s = train_summary(out, row)
         if s is not None:
             # the rate over every call (summaries from before 2026-12-02 have only the last call's)
