@@ -245,6 +245,8 @@ def test_variants_are_compared_with_the_default_flags_and_kept_out_of_the_studys
             True,
             0,
             True,
+            # the server's own seconds: 80% of the baseline's wall, 90% of the chain's; none for the variant
+            None if variant else tokens / tok_s * (0.9 if steps else 0.8),
         )
         extra = {
             "steps": steps,
@@ -258,6 +260,8 @@ def test_variants_are_compared_with_the_default_flags_and_kept_out_of_the_studys
     assert list(got.index) == ["default", "no-overlap"]
     assert got.loc["no-overlap", "speedup"] == pytest.approx(1900 / 760)
     assert got.loc["no-overlap", "speedup_vs_default_baseline"] == pytest.approx(1900 / 800)
+    assert got.loc["default", "server_speedup"] == pytest.approx((1200 / 0.9) / (800 / 0.8))
+    assert pd.isna(got.loc["no-overlap", "server_speedup"])  # its windows have no server seconds
     assert got.loc["no-overlap", "baseline_vs_default_baseline"] == pytest.approx(760 / 800)
     assert got.loc["default", "speedup"] == pytest.approx(1.5) and got.loc["default", "acceptance"] == pytest.approx(
         2.9

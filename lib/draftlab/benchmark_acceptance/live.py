@@ -293,6 +293,14 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
 
 
+def _server_rate(g) -> float | None:
+    """The median of a batch-1 group's tokens over the server's own seconds; None if a window lacks them."""
+    server_s = g["server_s"]
+    if server_s.isna().any() or (server_s <= 0).any():
+        return None
+    return float((g["completion_tokens"] / server_s).median())
+
+
 def summarize_windows(
     windows: list[Window], baseline: str | None = None, eval_set: str = "", samples: int | None = None
 ):
@@ -317,6 +325,8 @@ def summarize_windows(
                 "tokens_per_s_ci95": tps_ci,
                 # the median resists a window slowed by a neighbour or a late kernel compile
                 "tokens_per_s_median": float(g["tokens_per_s"].median()),
+                # batch 1 over the server's own seconds (Window.server_s), without the client's round trips
+                "server_tokens_per_s_median": _server_rate(g) if conc == 1 else None,
                 # pooled over windows: sum(completion) / sum(verify), the contract's definition
                 "acceptance_length": (g["completion_tokens"].sum() / g["verify_steps"].sum()) if has_al else None,
                 "acceptance_length_ci95": al_ci if has_al else None,

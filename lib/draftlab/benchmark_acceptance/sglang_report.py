@@ -136,6 +136,13 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
     return s, src
 
 
+def _ratio(a: pd.DataFrame, b: pd.DataFrame, column: str) -> float | None:
+    """a's first value of `column` over b's; None where either is missing."""
+    if column not in a or column not in b or pd.isna(a[column].iloc[0]) or pd.isna(b[column].iloc[0]):
+        return None
+    return float(a[column].iloc[0] / b[column].iloc[0])
+
+
 def variant_table(table: pd.DataFrame, steps: int) -> pd.DataFrame:
     """Batch 1 per server-flag variant (bench sglang --variant) beside the study's own flags ("default"):
     the variant's baseline and chain S = `steps` tok/s (medians), acceptance, the speedup over its own
@@ -155,6 +162,8 @@ def variant_table(table: pd.DataFrame, steps: int) -> pd.DataFrame:
                 "spec_tok_s": float(spec.tokens_per_s_median.iloc[0]),
                 "acceptance": float(spec.acceptance_length.iloc[0]),
                 "windows": int(spec.windows.iloc[0]),
+                # the same over the servers' own seconds (None for windows from before 2026-12-04)
+                "server_speedup": _ratio(spec, base, "server_tokens_per_s_median"),
             }
         )
     df = pd.DataFrame(lines)
