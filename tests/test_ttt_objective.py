@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import logits_from_last, target_states
 from draftlab.train_draft import TTTObjective, targets_at
+from draftlab.train_draft.objective import compile_report
 
 
 def _batch(tiny_target):
@@ -149,3 +150,6 @@ def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
         assert draft.ttt_step_fn is None and objective.step_loss == objective._step_loss
     assert counters["frames"]["total"] == frames
     assert draft.ttt_step_fn is compiled and objective.step_loss != objective._step_loss
+    # the compiler's account that a compiled training run prints at its end: tracing's total first
+    report = compile_report()
+    assert report.startswith("compile times (s, nested): ") and "_compile.compile_inner" in report, report

@@ -46,6 +46,7 @@ from draftlab.train_draft.objective import (
     _all_reduce,
     attention_kernel,
     collate,
+    compile_report,
     dist_info,
     epoch_plans,
     plan_epoch,
@@ -482,6 +483,8 @@ class TrainingRun:
             "vocab_coverage": coverage(self.counts, self.draft_ids),
             "world": self.world,
         }
+        if self.is_main and self.cfg.compile:
+            print(compile_report(), flush=True)  # into the row's train.log: where the first step's minute went
         if self.is_main:
             atomic_write_json(
                 self.out_dir / "summary.json",

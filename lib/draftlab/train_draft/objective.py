@@ -109,6 +109,27 @@ LOSSES = ("soft", "hard")  # soft: CE against the target's softmax over the draf
 OBJECTIVE_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "compiled": {"compile": True}}
 
 
+def compile_report(top: int = 8) -> str:
+    """torch's own account of its compile time in this process, the largest entries (nested: a phase includes
+    its parts). Why: a compiled run's first step took 56-70 s on the H200 even with warm caches (2026-12-04),
+    and only the compiler can say whether that is tracing, AOT autograd or loading kernels."""
+    try:
+        from torch._dynamo.utils import compile_times  # private, but the table torch itself prints
+
+        table = compile_times(repr="str", aggregate=True)
+    except (ImportError, AttributeError, TypeError):
+        return "compile times: not available from this torch"
+    rows = []
+    for line in table.splitlines():
+        name, _, value = line.rpartition(", ")
+        try:
+            rows.append((float(value), name))
+        except ValueError:
+            continue  # the title and header lines
+    rows.sort(reverse=True)
+    return "compile times (s, nested): " + (", ".join(f"{n} {v:.1f}" for v, n in rows[:top]) or "none")
+
+
 class TTTObjective(nn.Module):
     """Wraps the draft so that DDP sees one forward per micro-batch: returns (loss, stats).
 
