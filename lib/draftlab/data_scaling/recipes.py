@@ -377,9 +377,13 @@ def _tok_s(windows: list[dict], server: bool = False) -> dict[tuple[str, int], f
     those before 2026-12-04, are left out)."""
     by = {}
     for w in windows:
-        rate = (w["completion_tokens"] / w["server_s"] if w.get("server_s") else None) if server else w["tokens_per_s"]
-        if rate is not None:
-            by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(rate)
+        if not server:
+            rate = w["tokens_per_s"]
+        elif w.get("server_s"):
+            rate = w["completion_tokens"] / w["server_s"]
+        else:
+            continue  # no server seconds in this window
+        by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(rate)
     return {k: float(pd.Series(v).median()) for k, v in by.items()}
 
 
