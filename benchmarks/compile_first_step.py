@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import target_states
-from draftlab.model.target import load_target
+from draftlab.model.target import autocast, load_target
 from draftlab.train_draft import TTTObjective, targets_at
 from draftlab.train_draft.objective import compile_report
 
@@ -38,7 +38,8 @@ def main() -> None:
         aux, last, _ = target_states(target, ids, valid.long(), target.capture_layers)
         targets = targets_at(target, last, F.pad(valid[:, 1:], (0, 1)), draft.draft_ids(), draft.t2d)
         t = time.time()
-        loss, _ = objective(aux, ids, valid, targets)
+        with autocast(args.device):  # bf16 on CUDA, as training runs it
+            loss, _ = objective(aux, ids, valid, targets)
         loss.backward()
         if args.device == "cuda":
             torch.cuda.synchronize()
