@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -293,12 +294,17 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
 
 
+def server_tokens_per_s(window: dict) -> float | None:
+    """A window's tokens over the server's own seconds (server_s); None without them (windows from before
+    2026-12-04). A batch-1 figure: at higher batches the requests overlap and their seconds exceed the wall."""
+    server_s = window.get("server_s")
+    return window["completion_tokens"] / server_s if server_s and server_s > 0 else None
+
+
 def _server_rate(g) -> float | None:
-    """The median of a batch-1 group's tokens over the server's own seconds; None if a window lacks them."""
-    server_s = g["server_s"]
-    if server_s.isna().any() or (server_s <= 0).any():
-        return None
-    return float((g["completion_tokens"] / server_s).median())
+    """The median of a batch-1 group's server_tokens_per_s; None if a window lacks them."""
+    rates = [server_tokens_per_s(w) for w in g.to_dict("records")]
+    return float(statistics.median(rates)) if rates and None not in rates else None
 
 
 def summarize_windows(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftlab.benchmark_acceptance.live import load_eval_set
+from draftlab.benchmark_acceptance.live import load_eval_set, server_tokens_per_s
 from draftlab.benchmark_acceptance.sglang_live import Entry, measure, read_windows, slug
 from draftlab.benchmark_acceptance.sglang_study import NCCL_PORT_OFFSET, study_entries, study_server_flags
 from draftlab.core.acceptance import acceptance_length
@@ -377,11 +377,8 @@ def _tok_s(windows: list[dict], server: bool = False) -> dict[tuple[str, int], f
     those before 2026-12-04, are left out)."""
     by = {}
     for w in windows:
-        if not server:
-            rate = w["tokens_per_s"]
-        elif w.get("server_s"):
-            rate = w["completion_tokens"] / w["server_s"]
-        else:
+        rate = server_tokens_per_s(w) if server else w["tokens_per_s"]
+        if rate is None:
             continue  # no server seconds in this window
         by.setdefault((w["label"], int(w.get("concurrency") or 0)), []).append(rate)
     return {k: float(pd.Series(v).median()) for k, v in by.items()}
