@@ -366,9 +366,14 @@ def _levels(plan: dict) -> list[int]:
     return [levels] if isinstance(levels, int) else levels
 
 
-def _measured_tok_s(sglang: Path, server: bool = False) -> dict[tuple[str, int], float]:
-    """(label, concurrency) -> median tok/s of a study's measured windows (none yet: {}); see _tok_s."""
-    return _tok_s(read_windows(sglang), server) if (sglang / "windows.jsonl").is_file() else {}
+def _measured_windows(sglang: Path) -> list[dict]:
+    """A study's measured windows (none yet: [])."""
+    return read_windows(sglang) if (sglang / "windows.jsonl").is_file() else []
+
+
+def _measured_tok_s(sglang: Path) -> dict[tuple[str, int], float]:
+    """(label, concurrency) -> median tok/s of a study's measured windows (none yet: {})."""
+    return _tok_s(_measured_windows(sglang))
 
 
 def _tok_s(windows: list[dict], server: bool = False) -> dict[tuple[str, int], float]:
@@ -392,8 +397,8 @@ def table(out: Path) -> pd.DataFrame:
     plan = json.loads((sglang / "plan.json").read_text())
     sets = {k: range(*v) for k, v in plan["sets"].items()}
     levels = _levels(plan)
-    tok_s = _measured_tok_s(sglang)
-    server_tok_s = _measured_tok_s(sglang, server=True)
+    windows = _measured_windows(sglang)
+    tok_s, server_tok_s = _tok_s(windows), _tok_s(windows, server=True)
     lines = []
     for row in [e["label"] for e in plan["entries"] if e["algorithm"] and e["label"] in ROWS]:  # the main servers
         overrides, why = ROWS[row]
