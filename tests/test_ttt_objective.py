@@ -153,3 +153,12 @@ def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
     # the compiler's account that a compiled training run prints at its end: tracing's total first
     report = compile_report()
     assert report.startswith("compile times (s, nested): ") and "_compile.compile_inner" in report, report
+    # laid out as by the `tabulate` package (on the H200 the string form's parse found "none"): the same report
+    import torch._dynamo.utils as dynamo_utils
+
+    def spaced(rows, headers):
+        return "\n".join(f"{a:<40} {b}" for a, b in [headers, *rows])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dynamo_utils, "tabulate", spaced)
+        assert compile_report() == report

@@ -112,21 +112,15 @@ OBJECTIVE_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "comp
 def compile_report(top: int = 8) -> str:
     """torch's own account of its compile time in this process, the largest entries (nested: a phase includes
     its parts). Why: a compiled run's first step took 56-70 s on the H200 even with warm caches (2026-12-04),
-    and only the compiler can say whether that is tracing, AOT autograd or loading kernels."""
+    and only the compiler can say whether that is tracing, AOT autograd or loading kernels. The CSV form: the
+    string form is laid out by `tabulate` where it is installed (the H200's torch printed "none" so, 2026-12-04)."""
     try:
         from torch._dynamo.utils import compile_times  # private, but the table torch itself prints
 
-        table = compile_times(repr="str", aggregate=True)
-    except (ImportError, AttributeError, TypeError):
+        names, values = compile_times(repr="csv", aggregate=True)  # not "str": its layout depends on tabulate
+    except (ImportError, AttributeError, TypeError, ValueError):
         return "compile times: not available from this torch"
-    rows = []
-    for line in table.splitlines():
-        name, _, value = line.rpartition(", ")
-        try:
-            rows.append((float(value), name))
-        except ValueError:
-            continue  # the title and header lines
-    rows.sort(reverse=True)
+    rows = sorted(((float(v), n) for n, v in zip(names, values)), reverse=True)
     return "compile times (s, nested): " + (", ".join(f"{n} {v:.1f}" for v, n in rows[:top]) or "none")
 
 
