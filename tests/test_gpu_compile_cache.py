@@ -36,6 +36,7 @@ def test_a_cache_sent_back_is_restored_on_a_fresh_machine_and_kept_once(tmp_path
     (cache / "inductor/fxgraph/graph.py").write_text("x = 1\n")
     assert sender.environ()["TRITON_CACHE_DIR"] == str(cache / "triton")
     assert sender.environ()["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor")
+    assert sender.environ()["SGLANG_CACHE_DIR"] == str(cache / "sglang")
     assert gpu_compile_cache.send(sender) == 0
     parts = sorted(sender.out.glob(gpu_compile_cache.PARTS + "*"))
     assert parts

@@ -1,4 +1,5 @@
-"""The compilers' on-disk caches (Triton's kernels, Inductor's graphs), carried from one session to the next.
+"""The compilers' on-disk caches (Triton's kernels, Inductor's graphs, SGLang's record of its compiled prefill
+graphs), carried from one session to the next.
 
 Why: on a fresh machine the first compile is slow and a warm one is not (2026-12-03, the same H200 kind):
 SGLang's target-prefill CUDA graphs took 53-64 s to capture cold and 6-9 s warm, and the compiled training's
@@ -6,7 +7,8 @@ first steps 87 s cold against 50 s after a resume on the same machine. Nothing o
 session, so a call with SEND_COMPILE_CACHE=1 sends the caches back (OUT/compile-cache.tar.xz.part-N); here they
 go to .device/compile-cache/ (cat the parts into compile-cache.tar.xz there), which scripts/gpu/cargo.sh carries
 with the rest of the cargo, and the next session's set-up unpacks it into the call's cache folder
-(Call.compile_cache, where Call.environ points TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR). A cache that does
+(Call.compile_cache, where Call.environ points TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and SGLANG_CACHE_DIR;
+the carried caches of 2026-12-03 lacked SGLang's, and its servers' capture stayed at ~70 s with them). A cache that does
 not match the machine (another Triton, torch or GPU) is only a miss: the compilers key their entries by them.
 """
 
