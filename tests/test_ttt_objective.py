@@ -1,6 +1,8 @@
 """The TTT objective against its definition, slot by slot: which slots each unroll step scores and
 trains, and the loss it gives them (soft and hard labels), on the tiny target."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,6 +155,7 @@ def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
     # the compiler's account that a compiled training run prints at its end: tracing's total first
     report = compile_report()
     assert report.startswith("compile times (s, nested): ") and "_compile.compile_inner" in report, report
+    assert re.search(r"; caches: fxgraph hit \d+, fxgraph miss \d+, autograd hit \d+, autograd miss \d+$", report)
     # laid out as by the `tabulate` package (on the H200 the string form's parse found "none"): the same report
     import torch._dynamo.utils as dynamo_utils
 

@@ -115,13 +115,24 @@ def compile_report(top: int = 8) -> str:
     and only the compiler can say whether that is tracing, AOT autograd or loading kernels. The CSV form: the
     string form is laid out by `tabulate` where it is installed (the H200's torch printed "none" so, 2026-12-04)."""
     try:
-        from torch._dynamo.utils import compile_times  # private, but the table torch itself prints
+        from torch._dynamo.utils import compile_times, counters  # private, but what torch itself prints
 
         names, values = compile_times(repr="csv", aggregate=True)  # not "str": its layout depends on tabulate
     except (ImportError, AttributeError, TypeError, ValueError):
         return "compile times: not available from this torch"
     rows = sorted(((float(v), n) for n, v in zip(names, values)), reverse=True)
-    return "compile times (s, nested): " + (", ".join(f"{n} {v:.1f}" for v, n in rows[:top]) or "none")
+    # whether the carried caches served this run: Inductor's graphs and AOT autograd's, hits against misses
+    hits = {f"{kind} {event}": counters[group][f"{kind}_cache_{event}"] for group, kind in CACHES for event in EVENTS}
+    return (
+        "compile times (s, nested): "
+        + (", ".join(f"{n} {v:.1f}" for v, n in rows[:top]) or "none")
+        + "; caches: "
+        + ", ".join(f"{k} {v}" for k, v in hits.items())
+    )
+
+
+CACHES = (("inductor", "fxgraph"), ("aot_autograd", "autograd"))  # torch's counter group, its key's prefix
+EVENTS = ("hit", "miss")
 
 
 class TTTObjective(nn.Module):
