@@ -5,6 +5,13 @@ Why: on the H200 a compiled training run's first step takes 56-70 s even with th
 them costs here; run it twice, the second time with the caches the first one wrote:
 
   TORCHINDUCTOR_CACHE_DIR=/tmp/ind TRITON_CACHE_DIR=/tmp/tri python3 benchmarks/compile_first_step.py [--device cuda]
+
+On the GPU machine after a call of scripts/gpu/*.sh has set it up (a bare python3 there has neither draftlab on its
+path nor the embedded target's package: 2026-12-04), with that call's caches:
+
+  PYTHONPATH=$PWD/lib:/tmp/site DRAFTLAB_CACHE=/tmp/dl/cache DRAFTLAB_EMBEDDED_GGUF=/tmp/dl/model.gguf \
+  TRITON_CACHE_DIR=/tmp/dl/compile-cache/triton TORCHINDUCTOR_CACHE_DIR=/tmp/dl/compile-cache/inductor \
+  python3 benchmarks/compile_first_step.py --device cuda
 """
 
 from __future__ import annotations
