@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+import torch._dynamo.utils as dynamo_utils
 import torch.nn.functional as F
 
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
@@ -156,9 +157,8 @@ def test_the_compiled_step_stays_compiled_over_a_run(tiny_target):
     report = compile_report()
     assert report.startswith("compile times (s, nested): ") and "_compile.compile_inner" in report, report
     assert re.search(r"; caches: fxgraph hit \d+, fxgraph miss \d+, autograd hit \d+, autograd miss \d+$", report)
-    # laid out as by the `tabulate` package (on the H200 the string form's parse found "none"): the same report
-    import torch._dynamo.utils as dynamo_utils
 
+    # laid out as by the `tabulate` package (on the H200 the string form's parse found "none"): the same report
     def spaced(rows, headers):
         return "\n".join(f"{a:<40} {b}" for a, b in [headers, *rows])
 

@@ -8,8 +8,9 @@ session, so a call with SEND_COMPILE_CACHE=1 sends the caches back (OUT/compile-
 go to .device/compile-cache/ (cat the parts into compile-cache.tar.xz there), which scripts/gpu/cargo.sh carries
 with the rest of the cargo, and the next session's set-up unpacks it into the call's cache folder
 (Call.compile_cache, where Call.environ points TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and SGLANG_CACHE_DIR;
-the carried caches of 2026-12-03 lacked SGLang's, and its servers' capture stayed at ~70 s with them). A cache that does
-not match the machine (another Triton, torch or GPU) is only a miss: the compilers key their entries by them.
+the caches carried from 2026-12-03 lacked SGLang's, and its servers' capture stayed at ~70 s with them). A cache
+that does not match the machine (another Triton, torch or GPU) is only a miss: the compilers key their entries by
+them.
 """
 
 from __future__ import annotations

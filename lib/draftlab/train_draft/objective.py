@@ -109,6 +109,10 @@ LOSSES = ("soft", "hard")  # soft: CE against the target's softmax over the draf
 OBJECTIVE_VARIANTS = {"eager": {}, "keep_head": {"recompute_head": False}, "compiled": {"compile": True}}
 
 
+CACHES = (("inductor", "fxgraph"), ("aot_autograd", "autograd"))  # torch's counter group, its key's prefix
+EVENTS = ("hit", "miss")
+
+
 def compile_report(top: int = 8) -> str:
     """torch's own account of its compile time in this process, the largest entries (nested: a phase includes
     its parts). Why: a compiled run's first step took 56-70 s on the H200 even with warm caches (2026-12-04),
@@ -129,10 +133,6 @@ def compile_report(top: int = 8) -> str:
         + "; caches: "
         + ", ".join(f"{k} {v}" for k, v in hits.items())
     )
-
-
-CACHES = (("inductor", "fxgraph"), ("aot_autograd", "autograd"))  # torch's counter group, its key's prefix
-EVENTS = ("hit", "miss")
 
 
 class TTTObjective(nn.Module):
