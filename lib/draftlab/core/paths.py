@@ -22,3 +22,15 @@ def repo_path(path: str | Path) -> Path:
         return path
     root = repo_root()
     return root / path if root is not None and (root / path).exists() else path
+
+
+def repo_relative(path: str | Path) -> str:
+    """A path inside the checkout written relative to it, any other as given: tables committed to the repo
+    name their inputs, and an absolute path would name one machine's checkout (2026-12-04)."""
+    root = repo_root()
+    if root is not None:
+        try:
+            return str(Path(path).resolve().relative_to(root))
+        except ValueError:
+            pass
+    return str(path)

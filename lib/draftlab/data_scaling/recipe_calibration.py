@@ -16,6 +16,7 @@ import pandas as pd
 
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
+from draftlab.core.paths import repo_relative
 from draftlab.data_scaling.recipe_rows import BASE, ROWS, recipe
 
 SIM = "val_sim_acceptance"
@@ -170,7 +171,7 @@ def calibrate(table_csv: Path, predict: dict[str, Path], out: Path) -> dict:
             )
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "source": str(table_csv),
+        "source": repo_relative(table_csv),
         "lines": {k: asdict(line) for k, line in lines.items()},
         "left_out": left_out,
         "estimates": estimates,

@@ -26,6 +26,7 @@ from draftlab.benchmark_acceptance.sglang_study import NCCL_PORT_OFFSET, study_e
 from draftlab.core.acceptance import acceptance_length
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
+from draftlab.core.paths import repo_relative
 from draftlab.core.process import run_until
 from draftlab.core.records import read_jsonl
 from draftlab.data_scaling.recipe_figures import plot, plot_by_steps
@@ -449,7 +450,7 @@ def combined_table(studies: list[Path]) -> pd.DataFrame:
         base = df.loc[df["row"] == "base"].iloc[0]
         for name in ("held_out", "humaneval"):
             df[f"gain_{name}"] = df[f"sglang_acceptance_{name}"] / base[f"sglang_acceptance_{name}"]
-        tables.append(df.assign(study=str(study)))
+        tables.append(df.assign(study=repo_relative(study)))
     both = pd.concat(tables, ignore_index=True)
     measured = both["sglang_acceptance_held_out"].notna()
     both = pd.concat([both[~measured], both[measured]], ignore_index=True)  # each group keeps the studies' order
