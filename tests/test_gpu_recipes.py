@@ -251,6 +251,20 @@ def test_drafts_sent_back_by_default_are_the_rows_the_call_finished(call, tmp_pa
     assert sent(["a"], SEND_DRAFTS="c") == ["draft-c"]
 
 
+def test_train_phase_skips_the_speed_check_when_every_row_is_trained(call, tmp_path, monkeypatch, capsys):
+    """A `PHASE="train measure"` call after the last training call goes straight to the measure."""
+    staged_small(call, tmp_path)
+    study = gpu_recipes.study_dir(call)
+    (study / "train_status.json").write_text(json.dumps({"hardce": "done", "ttt3": "cut"}))
+    monkeypatch.setattr(gpu_recipes, "train_rows", lambda c, k: DONE)
+    k = knobs(call, tmp_path, ROWS="hardce", SPEED_VARIANTS="eager")
+    assert gpu_recipes.run_phase(call, "train", k) == DONE
+    assert not logged(tmp_path) and "speed check skipped" in capsys.readouterr().out
+    k.rows = ["hardce", "ttt3"]
+    assert gpu_recipes.run_phase(call, "train", k) == DONE
+    assert len(logged(tmp_path)) == 1  # a row still to train: the speed check runs
+
+
 def test_too_little_time_to_train_asks_for_another_call(call, tmp_path):
     staged_small(call, tmp_path)
     (gpu_recipes.study_dir(call) / "speed.json").write_text(json.dumps({"new": {"tok_s_after_warmup": 1.0}}))
