@@ -44,7 +44,7 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
     ax.set_xticks(list(x), row_labels(df))
     ax.set_ylim(0, 1.25 * max(goal, float(df["sglang_acceptance_held_out"].max())))  # room for the legend
     ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
-    ax.set_title("recipe study: one row per recipe\n(measured in SGLang 0.5.17, one H200)")
+    ax.set_title("recipe study: one row per recipe\n(measured in SGLang 0.5.17 on one GPU: H200, or H100 where the results README says)")
     ax.legend(ncol=4, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -81,7 +81,7 @@ def plot_by_steps(by_steps: pd.DataFrame, speed: pd.DataFrame, path: Path):
     ax.set_ylabel("acceptance length in SGLang")
     level = int(speed["concurrency"].iloc[0]) if not speed.empty else "?"
     sx.set_ylabel(f"speedup over SGLang's baseline (c={level})")
-    fig.suptitle("recipe study by chain length (SGLang 0.5.17, one H200)")
+    fig.suptitle("recipe study by chain length (SGLang 0.5.17, one H200 or H100)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -81,6 +81,12 @@ ROWS = {
         {"fc_norm": "per_layer", "lr": 1e-3, "lr_schedule": "constant", "train_file": "train-data2x.jsonl"},
         "best-data2x with the peak learning rate held instead of cosine decay to 0",
     ),
+    # the issue's "EAGLE-1-style draft on the same data": best-data2x's data and learning rate (there is no fc to
+    # norm), so best-data2x / eagle1-data2x is the EAGLE-3 / EAGLE-1 ratio at the combined best recipe
+    "eagle1-data2x": (
+        {"arch": "eagle1", "lr": 1e-3, "train_file": "train-data2x.jsonl"},
+        "the EAGLE-1-style draft on best-data2x's data and learning rate: EAGLE-3's lead at the best recipe",
+    ),
 }
 # a grown train file -> (the regenerated set it draws from, how many of its conversations join the study's
 # train file). Sets: "extra" (results/recipes-2026-12-01/data/extra-regen.jsonl.xz, answers to
