@@ -324,6 +324,19 @@ def test_report_by_chain_length(tmp_path):
     assert (out / "recipes_by_steps.png").is_file()
 
 
+def test_the_eagle1_row_at_the_best_recipe_differs_from_best_data2x_only_in_the_architecture(tmp_path):
+    """best-data2x / eagle1-data2x is the issue's EAGLE-3 / EAGLE-1 ratio "on the same data": one change apart."""
+    train = str(tmp_path / "train.jsonl")
+    eagle3, eagle1 = (
+        recipes.row_config(row, train, "v.jsonl", tmp_path / "study", "tiny", {})
+        for row in ("best-data2x", "eagle1-data2x")
+    )
+    differ = {k for k, v in vars(eagle3).items() if vars(eagle1)[k] != v}
+    assert differ == {"arch", "fc_norm", "out_dir"}, differ  # (EAGLE-1 has no fc, so no norm before it)
+    assert (eagle1.arch, eagle1.fc_norm, eagle3.arch) == ("eagle1", "none", "eagle3")
+    assert eagle1.train_file == eagle3.train_file == str(tmp_path / "train-data2x.jsonl")
+
+
 def answered_rows(ids, answer="an answer") -> list[dict]:
     return [
         {"id": i, "messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": answer}]}

@@ -44,7 +44,10 @@ def plot(df: pd.DataFrame, path: Path, steps: int = 6, goal: float = 4.0):
     ax.set_xticks(list(x), row_labels(df))
     ax.set_ylim(0, 1.25 * max(goal, float(df["sglang_acceptance_held_out"].max())))  # room for the legend
     ax.set_ylabel(f"acceptance length in SGLang (chain S={steps})")
-    ax.set_title("recipe study: one row per recipe\n(measured in SGLang 0.5.17 on one GPU: H200, or H100 where the results README says)")
+    ax.set_title(
+        "recipe study: one row per recipe\n"
+        "(measured in SGLang 0.5.17 on one GPU: H200, or H100 where the results README says)"
+    )
     ax.legend(ncol=4, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
