@@ -56,6 +56,7 @@ PUBLISHED_RUNS = {
     row: f"results/recipes-2026-12-01/{row}"
     for row in (
         "fcnorm fcnorm-lr1e-3 n10806 best-data2x epochs10 data2x-5ep lr-const eagle1-lr1e-3 best-const data2x-mt"
+        " eagle1-data2x"
     ).split()
 }
 # published rows whose training was cut before its last step (their summary.json says how far): best-data2x's
