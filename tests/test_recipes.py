@@ -3,6 +3,7 @@
 
 import csv
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -612,7 +613,31 @@ def test_size_curve_fits_the_data_size_rows_sglang_acceptance(tmp_path):
     assert lines[5].startswith("epochs10: 21,612 conversations x 10 epochs (640 steps) -> ")
     assert lines[5].endswith(f"; base, the same conversations x 5 epochs (160 steps): {base:.2f}")
     assert lines[-1].startswith(f"the extra 194,508 conversations: {extra['regeneration_hours']:.2f} h")
+    # the passes read as fresh conversations: epochs10 (measured) at 21,612 x 10 / 5, epochs20 (planned) at x 20 / 5
+    epochs10, epochs20 = got["passes_as_data"]
+    assert (epochs10["row"], epochs10["n_as_data"], epochs10["measured"]) == (
+        "epochs10",
+        43224,
+        got["passes"][0]["sglang_acceptance"],
+    )
+    assert (epochs20["row"], epochs20["n_as_data"], epochs20["measured"]) == ("epochs20", 86448, None)
+    fit = got["extrapolation"]["eagle3"]["loglinear"]
+    assert epochs20["loglinear"]["pred"] == pytest.approx(fit["params"][0] + fit["params"][1] * math.log10(86448))
+    assert epochs20["loglinear"]["band"][0] < epochs20["loglinear"]["pred"] < epochs20["loglinear"]["band"][1]
+    assert any(
+        line.startswith("epochs20 read as 86,448 conversations: loglinear ") and line.endswith("not measured")
+        for line in lines
+    )
+    assert any(line.startswith("epochs10 read as 43,224 conversations: ") and "; measured " in line for line in lines)
     assert sglang_size_curve([], tmp_path / "none", regeneration) == (None, {})
+
+
+def test_passes_are_not_read_as_data_when_the_size_rows_ran_different_epochs():
+    from draftlab.data_scaling.size_curve import passes_as_data
+
+    points = [{"row": "n1351", "n": 1351, "epochs": 5.0}, {"row": "base", "n": 21612, "epochs": 10.0}]
+    assert passes_as_data({}, points, []) == []
+    assert [p["n_as_data"] for p in passes_as_data({}, points[1:], [])] == [21612 * 20 / 10]  # epochs20 on base
 
 
 def test_size_curve_warns_when_its_points_were_read_at_different_batches():

@@ -8,7 +8,9 @@ The fits and the extrapolation are notebook 07's (data_scaling.fits: log-linear,
 under the chain's ceiling S + 1; 95% bands).
 Since every size ran 5 epochs, the curve mixes more data with more steps; the PASSES_ROWS (the same recipe with
 other passes: twice the epochs on the same data, twice the data at the same steps) tell the two apart, drawn
-against the optimizer steps beside the size rows.
+against the optimizer steps beside the size rows. Since at equal steps twice the data and twice the passes read
+alike, `passes_as_data` reads those rows, and the planned epochs20 that no session could train, on the curve as if
+their passes were fresh conversations.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from draftlab.data_scaling.recipes import combined_table, replies_of, served
 
 SIZE_ROWS = ("n1351", "n2702", "n5403", "n10806", "base", "data2x-5ep")
 PASSES_ROWS = ("epochs10", "data2x")  # the reference recipe with other passes over the conversations
+PLANNED_PASSES_ROWS = ("epochs20",)  # defined (recipe_rows) but too long to train in one session's device time
 METRIC = "sglang_acceptance"
 
 
@@ -75,12 +78,16 @@ def last_point_from_the_rest(points: list[dict], ceiling: float | None) -> dict:
     rest, last = points[:-1], points[-1]
     out = {"row": last["row"], "n": last["n"], "measured": last[METRIC]}
     for model, fit in fit_all(rest, metric=METRIC, ceiling=ceiling).get("eagle3", {}).items():
-        if fit.ok:
-            lo, hi = fit.band([last["n"]])
-            out[model] = {"ok": True, "pred": float(fit.predict([last["n"]])[0]), "band": [float(lo[0]), float(hi[0])]}
-        else:
-            out[model] = {"ok": False, "reason": fit.reason}
+        out[model] = reading_at(fit, last["n"])
     return out
+
+
+def reading_at(fit, n: float) -> dict:
+    """A fit's prediction at n conversations with its 95% band, or why it has none."""
+    if not fit.ok:
+        return {"ok": False, "reason": fit.reason}
+    lo, hi = fit.band([n])
+    return {"ok": True, "pred": float(fit.predict([n])[0]), "band": [float(lo[0]), float(hi[0])]}
 
 
 def write_size_curve(
@@ -102,6 +109,7 @@ def write_size_curve(
         "passes": size_points(combined, PASSES_ROWS),
         "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipe_rows.ROWS)",
     }
+    result["passes_as_data"] = passes_as_data(fits.get("eagle3", {}), points, result["passes"])
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
     figs = {}
@@ -117,6 +125,31 @@ def write_size_curve(
         ):
             figs[name].savefig(out / file, dpi=120)
     return result, figs
+
+
+def passes_as_data(fits: dict, points: list[dict], passes: list[dict], planned=PLANNED_PASSES_ROWS) -> list[dict]:
+    """Each measured passes row and each planned one on the size curve, its passes read as fresh conversations:
+    n x its epochs / the size rows' epochs, each fit's prediction there (95% band) beside the measurement (None
+    for a planned row, trained on the reference set: base's n). Why: at equal steps twice the data and twice the
+    passes read alike in SGLang (data2x-5ep 3.74, epochs10 3.61, inside each other's 95% bars), so this is what
+    the curve suggests for more passes; it assumes that holds beyond twice, which only the measured rows check."""
+    size_epochs = {p["epochs"] for p in points}
+    reference = [p for p in points if p["row"] == "base"]
+    if len(size_epochs) != 1 or not reference:
+        return []
+    (epochs_each,) = size_epochs
+    measured = {p["row"]: p for p in passes}
+    rows = [*measured.values()] + [
+        {"row": r, "n": reference[0]["n"], "epochs": recipe(r)["epochs"], METRIC: None}
+        for r in planned
+        if r not in measured
+    ]
+    out = []
+    for p in rows:
+        n_as_data = p["n"] * p["epochs"] / epochs_each
+        entry = {"row": p["row"], "n": p["n"], "epochs": p["epochs"], "n_as_data": n_as_data, "measured": p[METRIC]}
+        out.append(entry | {model: reading_at(fit, n_as_data) for model, fit in fits.items()})
+    return out
 
 
 def size_curve_lines(result: dict) -> list[str]:
@@ -165,6 +198,16 @@ def size_curve_lines(result: dict) -> list[str]:
                 f"{model} without {check['row']}: {fit['pred']:.2f} (95%: {fit['band'][0]:.2f}-{fit['band'][1]:.2f}) "
                 f"at its {check['n']:,} conversations, measured {check['measured']:.2f}"
             )
+    for p in result.get("passes_as_data", []):
+        fits = [
+            f"{model} {p[model]['pred']:.2f} (95%: {p[model]['band'][0]:.2f}-{p[model]['band'][1]:.2f})"
+            for model in MODELS
+            if p.get(model, {}).get("ok")
+        ]
+        lines.append(
+            f"{p['row']} read as {p['n_as_data']:,.0f} conversations: {', '.join(fits) or 'no fit'}; "
+            + (f"measured {p['measured']:.2f}" if p["measured"] is not None else "not measured")
+        )
     if extra.get("regeneration_hours") is not None:
         lines.append(
             f"the extra {extra['extra_conversations']:,.0f} conversations: "
