@@ -199,13 +199,13 @@ def size_curve_lines(result: dict) -> list[str]:
                 f"at its {check['n']:,} conversations, measured {check['measured']:.2f}"
             )
     for p in result.get("passes_as_data", []):
-        fits = [
+        readings = [
             f"{model} {p[model]['pred']:.2f} (95%: {p[model]['band'][0]:.2f}-{p[model]['band'][1]:.2f})"
             for model in MODELS
             if p.get(model, {}).get("ok")
         ]
         lines.append(
-            f"{p['row']} read as {p['n_as_data']:,.0f} conversations: {', '.join(fits) or 'no fit'}; "
+            f"{p['row']} read as {p['n_as_data']:,.0f} conversations: {', '.join(readings) or 'no fit'}; "
             + (f"measured {p['measured']:.2f}" if p["measured"] is not None else "not measured")
         )
     if extra.get("regeneration_hours") is not None:
