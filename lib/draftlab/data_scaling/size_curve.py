@@ -82,6 +82,11 @@ def last_point_from_the_rest(points: list[dict], ceiling: float | None) -> dict:
     return out
 
 
+def reading_text(reading: dict) -> str:
+    """A reading_at's prediction and band as the lines print them."""
+    return f"{reading['pred']:.2f} (95%: {reading['band'][0]:.2f}-{reading['band'][1]:.2f})"
+
+
 def reading_at(fit, n: float) -> dict:
     """A fit's prediction at n conversations with its 95% band, or why it has none."""
     if not fit.ok:
@@ -100,16 +105,17 @@ def write_size_curve(
     points = size_points(combined)
     ceiling = chain_ceiling(points)
     fits = fit_all(points, metric=METRIC, ceiling=ceiling) if points else {}
+    passes = size_points(combined, PASSES_ROWS)
     result = {
         "points": points,
         "fits": fits_as_dict(fits),
         "regeneration": regeneration,
         "extrapolation": extrapolate(fits, points, regeneration, factor, goal, metric=METRIC) if fits else {},
         "last_point_from_the_rest": last_point_from_the_rest(points, ceiling),
-        "passes": size_points(combined, PASSES_ROWS),
+        "passes": passes,
+        "passes_as_data": passes_as_data(fits.get("eagle3", {}), points, passes),
         "note": "SGLang held-out acceptance at chain S = 6; rows at 5 epochs on nested subsets (recipe_rows.ROWS)",
     }
-    result["passes_as_data"] = passes_as_data(fits.get("eagle3", {}), points, result["passes"])
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "size_curve.json", result, indent=1)
     figs = {}
@@ -195,15 +201,11 @@ def size_curve_lines(result: dict) -> list[str]:
         fit = check.get(model, {})
         if fit.get("ok"):
             lines.append(
-                f"{model} without {check['row']}: {fit['pred']:.2f} (95%: {fit['band'][0]:.2f}-{fit['band'][1]:.2f}) "
+                f"{model} without {check['row']}: {reading_text(fit)} "
                 f"at its {check['n']:,} conversations, measured {check['measured']:.2f}"
             )
     for p in result.get("passes_as_data", []):
-        readings = [
-            f"{model} {p[model]['pred']:.2f} (95%: {p[model]['band'][0]:.2f}-{p[model]['band'][1]:.2f})"
-            for model in MODELS
-            if p.get(model, {}).get("ok")
-        ]
+        readings = [f"{model} {reading_text(p[model])}" for model in MODELS if p.get(model, {}).get("ok")]
         lines.append(
             f"{p['row']} read as {p['n_as_data']:,.0f} conversations: {', '.join(readings) or 'no fit'}; "
             + (f"measured {p['measured']:.2f}" if p["measured"] is not None else "not measured")
