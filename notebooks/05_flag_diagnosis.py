@@ -41,12 +41,12 @@ from pathlib import Path
 import pandas as pd
 
 from draftlab.core.paths import repo_root
-from draftlab.core.serve import sglang_commands
 from draftlab.flag_diagnosis import cases as doctor_cases
 from draftlab.flag_diagnosis import doctor, reproduce
 from draftlab.flag_diagnosis.inputs import load_target_info
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
+from draftlab.sglang.commands import sglang_commands
 
 run = nb.start("05_flag_diagnosis", globals())
 if not BUILD_DRAFT_IF_MISSING:
@@ -56,7 +56,7 @@ deploy_config = Path(DEPLOY_CONFIG) if Path(DEPLOY_CONFIG).is_absolute() else re
 
 # %% [markdown]
 # ## 1 · The draft under test, checked with the commands draftlab prints for it
-# `draftlab.core.serve.sglang_commands` writes the baseline and EAGLE3 launch lines; doctor checks the
+# `draftlab.sglang.commands.sglang_commands` writes the baseline and EAGLE3 launch lines; doctor checks the
 # draft folder (config.json + safetensors header only) against the target and those lines.
 
 # %%

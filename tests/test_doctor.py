@@ -315,9 +315,9 @@ def test_eagle1_style_draft(tmp_path):
     import torch
     from transformers import AutoConfig
 
-    from draftlab.core.serve import sglang_speculative_command
     from draftlab.model.draft import Eagle3Draft, draft_config_for_target
     from draftlab.model.export import export_draft
+    from draftlab.sglang.commands import sglang_speculative_command
 
     info = load_target_info("tiny")
     cfg = draft_config_for_target(

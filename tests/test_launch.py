@@ -1,8 +1,9 @@
-"""Parsing SGLang launch commands back into flags (draftlab.core.launch)."""
+"""Parsing SGLang launch commands back into flags (draftlab.sglang.launch)."""
 
 import pytest
 
-from draftlab.core.launch import (
+from draftlab.sglang.commands import sglang_commands, sglang_speculative_command
+from draftlab.sglang.launch import (
     LaunchError,
     from_server_info,
     parse_launch,
@@ -10,7 +11,6 @@ from draftlab.core.launch import (
     set_flag,
     split_command,
 )
-from draftlab.core.serve import sglang_commands, sglang_speculative_command
 
 
 def test_parse_full_command_with_env_equals_and_continuations():

@@ -15,7 +15,8 @@ from draftlab.core.errors import InputError
 from draftlab.core.process import ServerStartError
 from draftlab.core.serve import free_port_run
 from draftlab.regenerate import cli
-from draftlab.sglang.server import REGEN_RUNNING, TargetServers, regeneration_commands
+from draftlab.sglang.commands import REGEN_RUNNING, regeneration_commands
+from draftlab.sglang.server import TargetServers
 
 HEALTH = Path(__file__).parent / "helpers_sglang" / "health_server.py"
 

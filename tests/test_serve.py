@@ -7,7 +7,8 @@ import httpx
 import pytest
 
 from draftlab.core import serve
-from draftlab.core.launch import parse_launch
+from draftlab.sglang import commands
+from draftlab.sglang.launch import parse_launch
 from helpers_regen import group_gone, tiny_folder
 
 
@@ -18,7 +19,7 @@ def test_free_port_is_bindable():
 
 
 def test_sglang_commands_share_max_running_requests():
-    cmds = serve.sglang_commands("/models/target", "/drafts/eagle3", max_running_requests=64, num_steps=5, topk=1)
+    cmds = commands.sglang_commands("/models/target", "/drafts/eagle3", max_running_requests=64, num_steps=5, topk=1)
     base, spec = parse_launch(cmds["baseline"]), parse_launch(cmds["eagle3"])
     assert base.max_running_requests == spec.max_running_requests == 64
     assert not base.is_speculative and spec.speculative_algorithm == "EAGLE3"
@@ -31,14 +32,14 @@ def test_sglang_commands_share_max_running_requests():
 
 
 def test_speculative_command_quotes_paths_and_checks_args():
-    cmd = serve.sglang_speculative_command("/m/my target", "/d/x y", topk=4, num_draft_tokens=8)
+    cmd = commands.sglang_speculative_command("/m/my target", "/d/x y", topk=4, num_draft_tokens=8)
     s = parse_launch(cmd)
     assert s.model_path == "/m/my target" and s.draft_model_path == "/d/x y"
     assert s.num_draft_tokens == 8 and s.max_running_requests == 48
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        serve.sglang_speculative_command("/m", "/d", topk=2)
+        commands.sglang_speculative_command("/m", "/d", topk=2)
     with pytest.raises(ValueError, match="EAGLE3 or EAGLE"):
-        serve.sglang_speculative_command("/m", "/d", algorithm="MEDUSA")
+        commands.sglang_speculative_command("/m", "/d", algorithm="MEDUSA")
 
 
 def test_local_server_rejects_a_folder_without_config(tmp_path):

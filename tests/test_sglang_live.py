@@ -14,8 +14,8 @@ from draftlab.benchmark_acceptance.sglang_report import sglang_summary, variant_
 from draftlab.benchmark_acceptance.sglang_study import _trees, _variants, study_entries
 from draftlab.cli import build_parser
 from draftlab.core.errors import RunFailure
-from draftlab.core.launch import parse_launch
 from draftlab.core.records import append_jsonl
+from draftlab.sglang.launch import parse_launch
 
 
 def mock_generate(verify_every: int | None, outputs=None):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
-from draftlab.core.serve import free_port, sglang_speculative_command
+from draftlab.core.serve import free_port
+from draftlab.sglang.commands import sglang_speculative_command
 from draftlab.sglang.server import SGLangServer, sglang_argv
 
 HEALTH = Path(__file__).parent / "helpers_sglang" / "health_server.py"

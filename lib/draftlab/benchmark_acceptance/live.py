@@ -28,8 +28,8 @@ import httpx
 from draftlab.core.acceptance import acceptance_length as core_acceptance
 from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl
-from draftlab.core.serve import sglang_speculative_command, sglang_target_command
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
+from draftlab.sglang.commands import sglang_speculative_command, sglang_target_command
 
 # --------------------------------------------------------------------------- evaluation sets
 

@@ -1,16 +1,15 @@
-"""Local OpenAI-compatible servers for regeneration, and the SGLang launch commands.
+"""Local OpenAI-compatible servers for regeneration (`transformers serve`), and port helpers.
 
 `LocalServer` runs a real `transformers serve --continuous-batching` for a model folder on
 127.0.0.1 (a free port), waits for `/health`, logs to a file, and always stops it (core.process:
 its own process group, stopped on `stop()`, on leaving the `with` block, at interpreter exit, and
-by the kernel when its parent dies). The SGLang command builders return the exact strings a user runs on a
-GPU host (contract §4); `draftlab doctor` checks the same strings.
+by the kernel when its parent dies).
+SGLang's launch lines are built in `draftlab.sglang.commands`.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import socket
 import sys
@@ -27,9 +26,6 @@ __all__ = [
     "free_port_run",
     "require_reachable",
     "transformers_serve_command",
-    "sglang_target_command",
-    "sglang_speculative_command",
-    "sglang_commands",
 ]
 
 
@@ -220,167 +216,3 @@ class LocalServer(ServerProcess):
         except (OSError, AttributeError):
             return None
         return None
-
-
-# ---------------------------------------------------------------- SGLang launch commands
-
-
-def _sglang_base(
-    model_path: str,
-    *,
-    host: str,
-    port: int,
-    tp: int,
-    dtype: str | None,
-    context_length: int | None,
-    mem_fraction_static: float | None,
-    max_running_requests: int | None,
-    extra: tuple[str, ...],
-) -> list[str]:
-    cmd = [
-        "python",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(model_path),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--tp",
-        str(tp),
-    ]
-    if dtype:
-        cmd += ["--dtype", dtype]
-    if context_length:
-        cmd += ["--context-length", str(context_length)]
-    if mem_fraction_static:
-        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
-    if max_running_requests:
-        cmd += ["--max-running-requests", str(max_running_requests)]
-    return cmd + list(extra)
-
-
-def sglang_target_command(
-    model_path: str,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 30000,
-    tp: int = 1,
-    dtype: str | None = "bfloat16",
-    context_length: int | None = None,
-    mem_fraction_static: float | None = None,
-    max_running_requests: int | None = None,
-    extra: tuple[str, ...] = (),
-) -> str:
-    """The plain target server (used for regeneration and as the speculative baseline)."""
-    return shlex.join(
-        _sglang_base(
-            model_path,
-            host=host,
-            port=port,
-            tp=tp,
-            dtype=dtype,
-            context_length=context_length,
-            mem_fraction_static=mem_fraction_static,
-            max_running_requests=max_running_requests,
-            extra=extra,
-        )
-    )
-
-
-def sglang_speculative_command(
-    model_path: str,
-    draft_path: str,
-    *,
-    algorithm: str = "EAGLE3",
-    num_steps: int = 3,
-    topk: int = 1,
-    num_draft_tokens: int | None = None,
-    max_running_requests: int = 48,
-    host: str = "127.0.0.1",
-    port: int = 30001,
-    tp: int = 1,
-    dtype: str | None = "bfloat16",
-    context_length: int | None = None,
-    mem_fraction_static: float | None = None,
-    extra: tuple[str, ...] = (),
-) -> str:
-    """An EAGLE-family speculative server (contract §4).
-
-    With topk == 1 SGLang forces num_draft_tokens = num_steps + 1, so we write that value.
-    `max_running_requests` is always written: EAGLE caps it at 48 otherwise, and the baseline
-    must get the same value for a fair comparison.
-    """
-    if algorithm not in ("EAGLE3", "EAGLE"):
-        raise ValueError(f"algorithm must be EAGLE3 or EAGLE, got {algorithm!r}")
-    if num_steps < 1 or topk < 1:
-        raise ValueError("num_steps and topk must be >= 1")
-    if topk == 1:
-        num_draft_tokens = num_steps + 1
-    elif num_draft_tokens is None:
-        raise ValueError("num_draft_tokens is required when topk > 1")
-    cmd = _sglang_base(
-        model_path,
-        host=host,
-        port=port,
-        tp=tp,
-        dtype=dtype,
-        context_length=context_length,
-        mem_fraction_static=mem_fraction_static,
-        max_running_requests=max_running_requests,
-        extra=(),
-    )
-    cmd += [
-        "--speculative-algorithm",
-        algorithm,
-        "--speculative-draft-model-path",
-        str(draft_path),
-        "--speculative-num-steps",
-        str(num_steps),
-        "--speculative-eagle-topk",
-        str(topk),
-        "--speculative-num-draft-tokens",
-        str(num_draft_tokens),
-    ]
-    return shlex.join(cmd + list(extra))
-
-
-def sglang_commands(
-    model_path: str,
-    draft_path: str,
-    *,
-    max_running_requests: int = 48,
-    num_steps: int = 3,
-    topk: int = 1,
-    num_draft_tokens: int | None = None,
-    host: str = "127.0.0.1",
-    port: int = 30000,
-    tp: int = 1,
-    dtype: str | None = "bfloat16",
-    context_length: int | None = None,
-    mem_fraction_static: float | None = None,
-) -> dict[str, str]:
-    """The three servers of a study: `target` (regeneration), `baseline` and `eagle3`.
-
-    baseline and eagle3 get the same `--max-running-requests` and adjacent ports so they can
-    run side by side for a same-batch comparison.
-    """
-    common = dict(host=host, tp=tp, dtype=dtype, context_length=context_length, mem_fraction_static=mem_fraction_static)
-    return {
-        "target": sglang_target_command(model_path, port=port, **common),
-        "baseline": sglang_target_command(
-            model_path, port=port + 1, max_running_requests=max_running_requests, **common
-        ),
-        "eagle3": sglang_speculative_command(
-            model_path,
-            draft_path,
-            algorithm="EAGLE3",
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            max_running_requests=max_running_requests,
-            port=port + 2,
-            **common,
-        ),
-    }

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from draftlab.core.launch import set_flag
-from draftlab.core.serve import sglang_speculative_command, sglang_target_command
 from draftlab.flag_diagnosis.doctor import diagnose, wide_table
 from draftlab.flag_diagnosis.inputs import load_target_info
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.export import export_draft
+from draftlab.sglang.commands import sglang_speculative_command, sglang_target_command
+from draftlab.sglang.launch import set_flag
 
 
 def good_draft(

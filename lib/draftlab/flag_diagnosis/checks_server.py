@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftlab.core.launch import set_flag
 from draftlab.flag_diagnosis.checks import (
     check_architecture,
     check_capture_layers,
@@ -14,6 +13,7 @@ from draftlab.flag_diagnosis.checks import (
     check_tensor_names,
 )
 from draftlab.flag_diagnosis.checks_config import check_rope, check_tie_embeddings
+from draftlab.flag_diagnosis.checks_paths import check_paths
 from draftlab.flag_diagnosis.checks_vocab import check_d2t_mapping, check_vocab
 from draftlab.flag_diagnosis.inputs import (
     DoctorInputError,
@@ -23,6 +23,8 @@ from draftlab.flag_diagnosis.inputs import (
     _config_fix,
     read_draft,
 )
+from draftlab.model.capture import capture_layers_from_config
+from draftlab.sglang.launch import set_flag
 
 
 def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
@@ -72,7 +74,33 @@ def check_context_length(d: DraftFiles, t: TargetInfo, servers: list) -> list:
     return out
 
 
-def check_algorithm(d: DraftFiles | None, servers: list) -> list:
+def flag_fix(s, flag: str, value) -> str:
+    """The minimal fix (the one flag and its value) first, then the whole corrected line."""
+    where = getattr(s, "config_file", None)
+    first = f"set {flag} {value}" + (f" (on the line, which wins over {where}, or in {where})" if where else "")
+    if not s.command:
+        return f"restart the server: {first}"
+    return f"{first}; the whole line: {set_flag(s.command, flag, value)}"
+
+
+def eagle_widths(d: DraftFiles | None, t: TargetInfo | None) -> str:
+    """The flag bug in the user's numbers: what fc takes and what EAGLE sends, e.g. 1728 = 3 x 576 against 576."""
+    h = t.hidden_size if t is not None else (d.config.get("hidden_size") if d is not None else None)
+    fc = d.tensors.get("fc.weight", ((),))[0] if d is not None else ()
+    if not isinstance(h, int):
+        return "the target sends its final hidden state (width H) instead of three captured layers (3 x H)"
+    if len(fc) == 2:
+        n = fc[1]
+        taken = f"{n} = 3 x {n // 3}" if n % 3 == 0 else str(n)
+        whose = "the draft's fc takes " + taken
+    else:
+        whose = f"an EAGLE-3 draft of this target takes {3 * h} = 3 x {h}"
+    ids = capture_layers_from_config(d.config) if d is not None else None
+    ids = ids or (t.default_capture if t is not None else None)
+    return f"{whose}{f' (hidden_states {ids})' if ids else ''}; under EAGLE the target sends {h}"
+
+
+def check_algorithm(d: DraftFiles | None, servers: list, t: TargetInfo | None = None) -> list:
     out = []
     for s in servers:
         if not s.is_speculative and s.draft_model_path:
@@ -87,9 +115,7 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
                     f"--speculative-draft-model-path {s.draft_model_path} without --speculative-algorithm",
                     "without an algorithm SGLang does not load the draft and decodes without speculation, "
                     "with no error",
-                    set_flag(s.command, "--speculative-algorithm", want)
-                    if s.command
-                    else f"restart the server with --speculative-algorithm {want}",
+                    flag_fix(s, "--speculative-algorithm", want),
                     s.source,
                 )
             )
@@ -106,37 +132,26 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
             assumed = " (draft folder not readable here: assuming an EAGLE-3 draft)"
         eagle3_draft = served is None or served.uses_aux
         if eagle3_draft and algo != "EAGLE3":
-            fix = (
-                set_flag(s.command, "--speculative-algorithm", "EAGLE3")
-                if s.command
-                else "restart the server with --speculative-algorithm EAGLE3"
-            )
             out.append(
                 Finding(
                     "algorithm",
                     "error",
-                    f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}",
+                    f"an EAGLE-3 draft served with --speculative-algorithm {algo}{assumed}: {eagle_widths(served, t)}",
                     "only EAGLE3 makes the target capture the three aux layers; with EAGLE it sends its final "
-                    "hidden state "
-                    "(width H), the draft's fc is bypassed, its lm_head/d2t are replaced by the target's head, and "
-                    "acceptance length sits at ~1.0 with no error",
-                    fix,
+                    "hidden state, whose width equals the draft's hidden size, so SGLang bypasses fc, replaces the "
+                    "draft's lm_head/d2t by the target's head, and acceptance length sits at ~1.0 with no error",
+                    flag_fix(s, "--speculative-algorithm", "EAGLE3"),
                     s.source,
                 )
             )
         elif not eagle3_draft and algo == "EAGLE3":
-            fix = (
-                set_flag(s.command, "--speculative-algorithm", "EAGLE")
-                if s.command
-                else "restart the server with --speculative-algorithm EAGLE"
-            )
             out.append(
                 Finding(
                     "algorithm",
                     "error",
                     "an EAGLE-1-style draft (no fc) served with --speculative-algorithm EAGLE3",
                     "EAGLE3 sends a 3H-wide concatenation the draft has no fc for",
-                    fix,
+                    flag_fix(s, "--speculative-algorithm", "EAGLE"),
                     s.source,
                 )
             )
@@ -163,24 +178,7 @@ def check_algorithm(d: DraftFiles | None, servers: list) -> list:
                     "error",
                     f"--speculative-algorithm {algo} without --speculative-draft-model-path",
                     "SGLang needs the draft folder for EAGLE-family algorithms",
-                    set_flag(s.command, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"),
-                    s.source,
-                )
-            )
-        elif (
-            d is not None
-            and s.draft_model_path
-            and Path(s.draft_model_path).exists()
-            and Path(s.draft_model_path).resolve() != d.folder.resolve()
-        ):
-            out.append(
-                Finding(
-                    "algorithm",
-                    "warning",
-                    f"the server loads the draft from {s.draft_model_path}, not the checked {d.folder}",
-                    "doctor checked another folder than the one the server will load",
-                    f"run doctor with --draft {s.draft_model_path}, or point --speculative-draft-model-path at "
-                    f"{d.folder}",
+                    flag_fix(s, "--speculative-draft-model-path", str(d.folder) if d else "DRAFT_DIR"),
                     s.source,
                 )
             )
@@ -261,7 +259,8 @@ def check_max_running_requests(servers: list) -> list:
 def run_checks(draft: DraftFiles | None, target: TargetInfo | None, servers: list) -> list:
     """All static checks that the given inputs allow, in the contract's order."""
     findings = []
-    findings += check_algorithm(draft, servers)
+    findings += check_algorithm(draft, servers, target)
+    findings += check_paths(draft, target, servers)
     if draft is not None:
         for note in draft.notes:
             findings.append(

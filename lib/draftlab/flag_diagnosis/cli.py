@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 
-from draftlab.core.launch import LaunchError
 from draftlab.flag_diagnosis.doctor import diagnose, format_findings, format_probe
 from draftlab.flag_diagnosis.inputs import (
     DoctorInputError,
@@ -15,6 +14,7 @@ from draftlab.flag_diagnosis.inputs import (
     read_draft,
 )
 from draftlab.flag_diagnosis.probe import probe
+from draftlab.sglang.launch import LaunchError
 
 # ---------------------------------------------------------------------------------------------
 # CLI

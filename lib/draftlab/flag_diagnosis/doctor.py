@@ -11,8 +11,8 @@ server (doctor_probe). `mode_widths` is the dimension story: what each mode send
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
-from draftlab.core.launch import from_server_info, parse_launch
 from draftlab.flag_diagnosis.checks_server import run_checks
 from draftlab.flag_diagnosis.inputs import (
     DoctorInputError,
@@ -21,8 +21,10 @@ from draftlab.flag_diagnosis.inputs import (
     read_draft,
     read_json,
 )
+from draftlab.flag_diagnosis.launch_config import with_config
 from draftlab.model.capture import default_capture
 from draftlab.model.target import text_config
+from draftlab.sglang.launch import from_server_info, parse_launch
 
 __all__ = ["diagnose", "mode_widths", "format_findings", "format_probe", "findings_table", "wide_table", "Finding"]
 
@@ -33,7 +35,7 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
     launches: SGLang command strings; server_infos: saved /server_info files; servers: ready
     ServerSettings (e.g. from a probe). Returns {"draft", "target", "findings": [Finding], "errors", "warnings"}.
     """
-    servers = list(servers) + [parse_launch(cmd) for cmd in launches]
+    servers = list(servers) + [with_config(parse_launch(cmd)) for cmd in launches]
     for path in server_infos:
         servers.append(from_server_info(read_json(path), source=f"server_info {path}"))
     if target is None:  # the served model, when a launch command or server_info names it
@@ -43,7 +45,9 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
                 "--target", "needed with --draft (a model folder, config.json, embedded, tiny or a Hub id)"
             )
     draft_files = read_draft(draft) if draft else None
-    target_info = load_target_info(target) if (target and draft_files is not None) else None
+    target_info = None
+    if target and (draft_files is not None or readable_here(str(target))):
+        target_info = load_target_info(target)  # config only: the widths in the findings are the target's
     findings = run_checks(draft_files, target_info, servers)
     return {
         "draft": str(draft) if draft else None,
@@ -56,6 +60,12 @@ def diagnose(draft: str | None = None, target: str | None = None, launches=(), s
         "_draft_files": draft_files,
         "_target_info": target_info,
     }
+
+
+def readable_here(spec: str) -> bool:
+    """A target whose config this machine has (no download): embedded, tiny, a folder or config.json."""
+    path = Path(spec).expanduser()
+    return spec in ("embedded", "tiny") or (path / "config.json").is_file() or path.name == "config.json"
 
 
 def _shape(t) -> dict:

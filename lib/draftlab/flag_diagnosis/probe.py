@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from draftlab.core.acceptance import acceptance_length as core_acceptance
-from draftlab.core.launch import LaunchError, ServerSettings, from_server_info
 from draftlab.flag_diagnosis.checks_server import run_checks
 from draftlab.flag_diagnosis.inputs import DoctorInputError, read_draft
+from draftlab.sglang.launch import LaunchError, ServerSettings, from_server_info
 
 PROBE_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -1,4 +1,4 @@
-"""SGLang servers started from draftlab's own launch commands (core.serve builds them).
+"""SGLang servers started from draftlab's own launch commands (`draftlab.sglang.commands` builds them).
 
 `SGLangServer` is a core.process.ServerProcess (own process group, dies with its parent, recorded
 for `stop_stale`, bounded health wait) whose argv is an SGLang launch command run by this
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
-from draftlab.core.serve import sglang_target_command
+from draftlab.sglang.commands import regeneration_commands
 from draftlab.sglang.install import server_env
 
-__all__ = ["SGLangServer", "TargetServers", "regeneration_command", "regeneration_commands", "sglang_argv"]
+__all__ = ["SGLangServer", "TargetServers", "sglang_argv"]
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -71,70 +71,6 @@ class SGLangServer(ServerProcess):
             env=env,
             **kwargs,
         )
-
-
-# ---------------------------------------------------------------------------- regeneration servers
-
-# One SGLang server of a small target is bound by its scheduler, not the GPU: on one H200 the 135M
-# target gave 15.4K output tok/s at 1,024 running requests (past the CUDA graphs), 28.7K at 512 (the
-# graph limit) and 56.7K with two such servers (LOG.md, 2026-12-01, ninth session).
-REGEN_RUNNING = 512  # --max-running-requests = --cuda-graph-max-bs: every decode batch graphed
-REGEN_POOL_TOKENS = 600_000  # KV pool per server: fixed, so servers started together all fit
-REGEN_NCCL_OFFSET = 1000  # torch.distributed's port: its own per server (EADDRINUSE otherwise)
-
-
-REGEN_EXTRA = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none")
-
-
-def regeneration_command(
-    model_path: str,
-    *,
-    port: int = 30000,
-    mem_fraction_static: float = 0.5,
-    max_running_requests: int = REGEN_RUNNING,
-    cuda_graph_max_bs: int | None = None,
-    max_total_tokens: int | None = None,
-    nccl_port: int | None = None,
-) -> str:
-    """The launch command of one regeneration server of the target: wide batches, CUDA graphs up to
-    `cuda_graph_max_bs` requests (default: `max_running_requests`, every decode batch graphed);
-    `max_total_tokens` fixes its KV pool and `nccl_port` its torch.distributed port (for servers that
-    share a GPU)."""
-    extra = (
-        *REGEN_EXTRA,
-        "--cuda-graph-max-bs",
-        str(cuda_graph_max_bs or max_running_requests),
-        *(("--max-total-tokens", str(max_total_tokens)) if max_total_tokens else ()),
-        *(("--nccl-port", str(nccl_port)) if nccl_port else ()),
-    )
-    return sglang_target_command(
-        model_path,
-        port=port,
-        mem_fraction_static=mem_fraction_static,
-        max_running_requests=max_running_requests,
-        extra=extra,
-    )
-
-
-def regeneration_commands(
-    model_path: str, count: int, *, port: int = 30000, mem_fraction_static: float = 0.5
-) -> list[str]:
-    """Launch commands for `count` target servers that share one GPU, on ports port .. port+count-1.
-
-    SGLang 0.5.17 refuses a fraction below the share of GPU memory already taken when it starts,
-    so the pool is bounded by --max-total-tokens and every server gets the same generous fraction."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    return [
-        regeneration_command(
-            model_path,
-            port=port + i,
-            mem_fraction_static=mem_fraction_static,
-            max_total_tokens=REGEN_POOL_TOKENS,
-            nccl_port=port + REGEN_NCCL_OFFSET + i,
-        )
-        for i in range(count)
-    ]
 
 
 class TargetServers:
