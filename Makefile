@@ -15,6 +15,7 @@ TOOLS_STAMP := $(VENV)/.draftlab-tools
 NBSTRIPOUT ?= nbstripout==0.9.1
 PLAYWRIGHT ?= playwright==1.65.2
 PROFILE ?= quick
+RUN_ID ?= lab
 PYTEST_ARGS ?=
 # make lab: where JupyterLab listens and its token (empty: Lab generates one and prints the URL)
 PORT ?= 8888
@@ -54,19 +55,20 @@ $(TOOLS_STAMP): $(STAMP)
 	else echo "setup: no chromium (install Debian's chromium as root); the browser test will skip"; fi
 	@touch $(TOOLS_STAMP)
 
-## demo: run every numbered notebook headlessly with the quick profile into results/<run_id>/
+## demo: run every numbered notebook headlessly with the quick profile into results/$(RUN_ID)/ (default lab: the
+## notebooks' own RUN_DIR, so `make lab` then Run All of any notebook continues this run without an edit)
 demo: setup
-	$(VENV)/bin/draftlab run --profile $(PROFILE)
+	$(VENV)/bin/draftlab run --profile $(PROFILE) --run-id $(RUN_ID)
 
 ## test: lint, then pytest over everything this machine can run (gpu tests skip without CUDA)
 test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 ## lint: ruff (pyflakes, pycodestyle, isort order; settings in pyproject.toml) over lib, tests, notebooks, scripts,
-## benchmarks; ruff format --check over all of them but the notebooks' .py twins
+## benchmarks, ops, studies; ruff format --check over all of them but the notebooks' .py twins
 lint: setup
-	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks
-	$(VENV)/bin/ruff format --check lib tests scripts benchmarks
+	$(VENV)/bin/ruff check lib tests notebooks scripts benchmarks ops studies
+	$(VENV)/bin/ruff format --check lib tests scripts benchmarks ops studies
 
 ## lab: JupyterLab on this project with the draftlab kernel (adds --allow-root when run as root); its config
 ## saves notebooks/NN_*.ipynb without outputs and lists each notebook once (scripts/lab/jupyter_server_config.py).

@@ -1,7 +1,7 @@
 """Time draftlab.train_draft.vocab.token_counts against the per-row version it replaced, on a tokens cache.
 
 Why: the per-row version spent ~345 s on the H200 machine when two trainings ran side by side
-(results/h200-profile-2026-11-30/setup-trace/). Run two copies at once to oversubscribe the cores:
+(results/h200-profile-2026-11-30/setup-trace/ at commit 68ee383). Run two copies at once to oversubscribe the cores:
 
   PYTHONPATH=lib .venv/bin/python benchmarks/bench_token_counts.py {old,new} THREADS RUN/train/tokens/train-*/data
 """

@@ -6,9 +6,9 @@ them costs here; run it twice, the second time with the caches the first one wro
 
   TORCHINDUCTOR_CACHE_DIR=/tmp/ind TRITON_CACHE_DIR=/tmp/tri python3 benchmarks/compile_first_step.py [--device cuda]
 
-On the GPU machine after a call of scripts/gpu/*.sh has set it up (a bare python3 there has neither draftlab on its
+On the GPU machine after a call of ops/gpu/*.sh has set it up (a bare python3 there has neither draftlab on its
 path nor the embedded target's package: 2026-12-04), with that call's environment: the values below are
-draftlab.run.gpu_call.Call.environ's for the default folders (DL=/tmp/dl, SITE=/tmp/site), which is their one
+ops.gpu_call.Call.environ's for the default folders (DL=/tmp/dl, SITE=/tmp/site), which is their one
 definition:
 
   PYTHONPATH=$PWD/lib:/tmp/site DRAFTLAB_CACHE=/tmp/dl/cache DRAFTLAB_EMBEDDED_GGUF=/tmp/dl/model.gguf \

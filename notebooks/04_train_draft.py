@@ -24,6 +24,8 @@
 # a quiet 2-core CPU; full: one H200, target < 15 min for 2 epochs over 20K conversations.
 
 # %% tags=["parameters"]
+# A setting left None is the best measured recipe's (draftlab.train_draft.TrainConfig, recipes/eagle3-best.yaml);
+# the quick and smoke profiles set smaller ones for a CPU.
 RUN_DIR = "results/lab"  # the run folder; an existing one's run.json gives TARGET, PROFILE (and its sizes)
 PROFILE = "quick"  # smoke | quick | full; the defaults below are quick's (draftlab run sets it)
 TARGET = "embedded"  # embedded (real weights) | tiny (random: figures stamped "not a result") | folder | .gguf | Hub id
@@ -36,13 +38,14 @@ MAX_LEN = 384  # tokens per conversation
 OVERLONG = "truncate"  # truncate | drop: what happens to longer conversations (both are counted)
 DRAFT_VOCAB_SIZE = 2048  # draft vocabulary (most frequent assistant tokens); 32000 for large data
 INTERMEDIATE_SIZE = 768  # draft MLP width; 0: the target's
-FC_NORM = "none"  # RMSNorm before fc (eagle3 only): none | per_layer (SGLang fc_norm) | concat (norm_before_fc)
+FC_NORM = "none"  # RMSNorm before fc (eagle3 only): none | per_layer (SGLang fc_norm) | concat; None: the recipe's
 TTT_STEPS = 4  # training-time-test unroll (EAGLE-3 uses 7); loss weight 0.8^i
 EPOCHS = 1.0  # passes over the training conversations
 BATCH_TOKENS = 1024  # padded tokens per micro-batch
 MAX_BATCH = 16  # conversations per micro-batch at most
 LR = 0.002  # AdamW peak learning rate (warmup 1.5%, cosine decay, grad clip 0.5)
-HIDDEN = "offline"  # offline: target states computed once to safetensors shards (shared by both archs); online
+HIDDEN = "offline"  # offline: states computed once to shards (both archs share them) | online | sglang: from SGLang
+SGLANG_ARGS = ""  # with HIDDEN sglang: the target's SGLang launch flags, e.g. "--tp-size 8 --attention-backend triton"
 SIDE_BY_SIDE = False  # with HIDDEN online: train the archs at once, one process each (a GPU is mostly idle under one)
 INIT_FROM_TARGET = False  # start lm_head and final norm from the target's rows; measured worse on quick
 EVAL_EVERY = 8  # optimizer steps between validation passes
@@ -56,6 +59,7 @@ import pandas as pd
 
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
+from draftlab.sglang.head_target import load_head_target
 from draftlab.train_draft import plot_step_accuracy, plot_training, stage
 
 run = nb.start("04_train_draft", globals())
@@ -69,7 +73,7 @@ nb.needs(run, "03_regenerate")  # one line naming what to run first (03, and 02 
 # %%
 train_file, val_file = stage.training_inputs(run.dir, VAL_SAMPLES, SEED)
 print(f"train: {train_file}\nval:   {val_file}")
-target = load_target(TARGET, device=run.device)
+target = (load_head_target if HIDDEN == "sglang" else load_target)(TARGET, device=run.device)
 print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}, "
       f"capture layers {target.capture_layers}, device {target.device}")
 
@@ -85,7 +89,7 @@ recipe = dict(
     draft_vocab_size=DRAFT_VOCAB_SIZE, intermediate_size=INTERMEDIATE_SIZE, fc_norm=FC_NORM,
     init_from_target=INIT_FROM_TARGET,
     max_len=MAX_LEN, overlong=OVERLONG, max_train_samples=TRAIN_SAMPLES, max_val_samples=VAL_SAMPLES, epochs=EPOCHS,
-    batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN,
+    batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, ttt_steps=TTT_STEPS, lr=LR, hidden=HIDDEN, sglang_args=SGLANG_ARGS,
     eval_every=EVAL_EVERY, save_every=SAVE_EVERY, log_every=max(1, EVAL_EVERY // 5), seed=SEED,
 )
 configs = stage.train_configs(run.dir, ARCHS, recipe)
@@ -112,9 +116,9 @@ fig = plot_step_accuracy({arch: r["eval"] for arch, r in results.items() if r["e
 nb.save_figure(run, fig, "step_accuracy")
 
 # %%
-nb.save_metrics(run, stage.metrics(results, exports, run.dir,
-                                   {"ttt_steps": TTT_STEPS, "draft_vocab_size": DRAFT_VOCAB_SIZE, "epochs": EPOCHS,
-                                    "max_len": MAX_LEN, "hidden": HIDDEN, "lr": LR}))
+used = next(iter(configs.values()))  # the settings as trained: the recipe's where a parameter is None
+nb.save_metrics(run, stage.metrics(results, exports, run.dir, {k: getattr(used, k) for k in (
+    "ttt_steps", "draft_vocab_size", "epochs", "max_len", "hidden", "lr")}))
 
 # %% [markdown]
 # ## Findings

@@ -108,8 +108,8 @@ deploy = load_target_info(str(deploy_config))
 deploy_widths = doctor.mode_widths(deploy.config)
 print(f"{deploy_config.name}: {deploy.num_layers} layers, hidden {deploy.hidden_size}, "
       f"capture {deploy.default_capture}, model_type {deploy.model_type}")
-deploy_flag = doctor.diagnose(launches=[
-    "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --speculative-algorithm EAGLE "
+deploy_flag = doctor.diagnose(launches=[  # the config folder as --model-path: the doctor reads its widths
+    f"python -m sglang.launch_server --model-path {deploy_config} --tp 8 --speculative-algorithm EAGLE "
     "--speculative-draft-model-path /models/eagle3-draft --speculative-num-steps 3 --speculative-eagle-topk 1 "
     "--speculative-num-draft-tokens 4"])
 print(doctor.format_findings(deploy_flag["findings"]))
@@ -132,7 +132,8 @@ for mode, res in modes.items():
 fig = reproduce.plot_acceptance(modes,
                                 f"{target.name}: same draft, two --speculative-algorithm values\n({draft_origin})")
 nb.save_figure(run, fig, "acceptance_by_mode",
-               caveat="untrained draft: not a result" if draft_origin.startswith("untrained") else None)
+               caveat="untrained draft: not a result" if draft_origin.startswith("untrained") else None,
+               source=f"draftlab engine, {prompt_set} n={len(prompts)}, {MAX_NEW_TOKENS} new tokens, S={NUM_STEPS}")
 
 # %% [markdown]
 # ## 6 · Live probe of a real server without speculation

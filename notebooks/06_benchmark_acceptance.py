@@ -47,13 +47,22 @@ LIVE_SPEC_URLS = {}  # optional: {label: url} of speculative SGLang servers
 LIVE_CONCURRENCY = [1, 8]  # live: concurrency levels
 LIVE_REPEATS = 3  # live: measurement windows per level (for confidence intervals)
 SGLANG_STUDY = ""  # a `draftlab bench sglang` folder to draw beside the engine ("": RUN_DIR/sglang/study if it exists)
+COST_BENCH = False  # run `draftlab bench cost` on COST_TARGET here (GPU + SGLang, minutes); False: read COST_RESULTS
+COST_TARGET = "data/configs/smollm2-135m"  # the shape to measure: a Hub id, a model folder or a config.json
+COST_RESULTS = "results/cost-model"  # a `draftlab bench cost` results folder (table.csv) to draw ("": skip)
+COST_BATCHES = [1, 4, 16, 64]  # batch sizes of the cost bench
+COST_ACCEPTANCE = 4.10  # a measured acceptance length to project on every shape of COST_RESULTS ...
+COST_SETTING = "chain6"  # ... at this setting (chainS or treeS-K-D)
+EVAL_SUITE = "suite"  # sets of several kinds (eval_suite): suite | suite:NAME,... | traffic:FILE | "" to skip
+SUITE_SAMPLES = 2  # prompts per set of the suite (the first N after decontamination; full: 64)
+SUITE_TRAIN = "data/blend/train.jsonl"  # under RUN_DIR: the training file each set is decontaminated against
 
 # %%
 
 import pandas as pd
 import torch
 
-from draftlab.benchmark_acceptance import breakeven, report, sweeps
+from draftlab.benchmark_acceptance import breakeven, report, sglang_figures, sweeps
 from draftlab.model.target import load_target
 from draftlab.run import notebook as nb
 
@@ -71,6 +80,7 @@ target = load_target(TARGET, device=run.device, dtype=DTYPE)
 drafts = sweeps.load_drafts(run.dir, ARCHS, target)
 sets = sweeps.load_sets(target, EVAL_SETS, run.dir, SAMPLES)
 first = EVAL_SETS[0]
+run.source = f"draftlab engine ({DTYPE}), " + ", ".join(f"{name} n={len(ids)}" for name, ids in sets.items())
 pd.DataFrame(sweeps.set_sizes(sets))
 
 # %% [markdown]
@@ -148,12 +158,14 @@ nb.save_figure(run, fig, "throughput")
 # ## 6 · Break-even model
 # Cycle cost C(S) = v + S·c in plain target steps (v: verify pass, c: one draft step), fitted by
 # least squares on the chain runs' decode timings; predicted speedup = tokens per cycle / C(S),
-# checked against the measured decode speedups; break-even acceptance L* = C(S).
+# checked on chain lengths it was not fitted to (each S against the fit of the others); break-even
+# acceptance L* = C(S). With fewer than three chain lengths, a cost at or below zero, or a held-out
+# miss beyond 25%, the runs are drawn without a model and one line says why.
 
 # %%
-fits, checks, model_arch = sweeps.breakeven_fits(chain, CHAIN_ARCHS)
-fig = sweeps.breakeven_figure(fits, checks, model_arch, CHAIN_STEPS, f"{run.device} ({DTYPE}), {first} "
-                              f"n={len(sets[first])}")  # None with one chain length only
+fits, checks, model_arch, verdicts = breakeven.fit_chain(chain, CHAIN_ARCHS)
+print(breakeven.refusals(verdicts) or f"break-even model drawn for {sorted(fits)}")
+fig = breakeven.figure(verdicts, f"{run.device} ({DTYPE}), {first} n={len(sets[first])}")
 nb.save_figure(run, fig, "breakeven")
 sweeps.checks_table(checks)
 
@@ -186,21 +198,77 @@ report.shown(live, "no live endpoints given")
 # %% [markdown]
 # ## 8 · Measured in SGLang (when a `draftlab bench sglang` study exists)
 # The same break-even model fitted to SGLang's own cycle times at batch 1 (`sglang_live.fit_server_costs`),
-# drawn beside the engine's: SGLang's plain step is about 3x faster than the engine's, so each
+# each measured run against the model at its own chain length, beside the engine's: SGLang's plain
+# step is about 3x faster than the engine's, so each
 # draft step costs relatively more there, and the same acceptance buys less speed.
 
 # %%
 study = sweeps.sglang_study_dir(SGLANG_STUDY, run.dir)
-server_fit, fig = sweeps.sglang_breakeven(study, fits, checks, model_arch, MAIN_STEPS)  # (None, None): no study
-nb.save_figure(run, fig, "breakeven_engine_vs_sglang")
+server_fit, fig = sglang_figures.engine_vs_sglang(study, fits.get(model_arch), checks.get(model_arch, []))  # or None
+nb.save_figure(run, fig, "breakeven_engine_vs_sglang",
+               source=f"{sglang_figures.sglang_source(study)} beside {run.source}")
 report.shown(sweeps.sglang_rates_table(server_fit),
              f"no SGLang study at {study} (run `draftlab bench sglang --out {study}` on a GPU)")
+
+# %% [markdown]
+# ## 9 · Will speculation pay on another target? SGLang's cycle cost by shape
+# `draftlab bench cost TARGET` serves random weights of the target's shape and a random draft in
+# SGLang with the acceptance forced (`SGLANG_SIMULATE_ACC_LEN`), one server at a time, and fits what a
+# speculative cycle costs in plain decode steps at each batch size. Read a curve where it crosses the
+# dashed lines: the acceptance a draft needs to break even, for 1.5x and 2x. The figures are a
+# cost model on random weights, measured on the GPU each row names, not a trained draft's speed.
+
+# %%
+from pathlib import Path  # noqa: E402 (this section's own imports)
+
+from draftlab.benchmark_acceptance import cost_cli, cost_report  # noqa: E402
+from draftlab.core.paths import repo_root  # noqa: E402
+
+root = repo_root() or Path.cwd()  # relative paths in the parameters are the repository's
+cost_dir = root / COST_RESULTS
+cost_target = str(root / COST_TARGET) if (root / COST_TARGET).exists() else COST_TARGET  # else a Hub id
+if COST_BENCH:
+    cost_cli.run_bench_cost(cost_target, cost_dir, batches=",".join(map(str, COST_BATCHES)))
+cost_rows, cost_fits, cost_refused = cost_report.load_results(cost_dir) if COST_RESULTS else (None, [], [])
+report.shown(pd.DataFrame(cost_report.needed_table(cost_fits)) if cost_fits else None,
+             f"no cost-model results at {COST_RESULTS!r} (run `draftlab bench cost {COST_TARGET}` on a GPU)")
+
+# %%
+fig = cost_report.plot(cost_rows, cost_fits) if cost_rows else None
+nb.save_figure(run, fig, "cost_model", source=f"SGLang cost bench {COST_RESULTS} (random weights)")
+print("\n".join(f"fit refused: {line}" for line in cost_refused) or f"{len(cost_fits)} fits")
+report.shown(pd.DataFrame(cost_report.projection(cost_fits, COST_ACCEPTANCE, COST_SETTING)) if cost_fits else None,
+             f"no fit for {COST_SETTING} to project acceptance {COST_ACCEPTANCE} on")
+
+# %% [markdown]
+# ## 10 · The evaluation suite: acceptance per kind of prompt
+# A draft measured only on the source it trained on reads high. Each set of the suite
+# (`data/catalog.yaml` `eval_sets`: HumanEval, MT-bench first and second turns, GSM-Symbolic word problems,
+# IFBench instructions, passages to summarise) loses the prompts that overlap the training file (a shared
+# 13-word n-gram or a MinHash near-duplicate), then the first draft runs at chain `MAIN_STEPS` on each.
+# The mean is over the general sets (all but the docstring-derived held-out split); `draftlab bench sglang
+# --eval-set suite` gives the same table from SGLang (OUT/eval_suite.json).
+
+# %%
+from draftlab.benchmark_acceptance import eval_suite  # noqa: E402 (this section's own import)
+
+suite_train = [str(run.dir / SUITE_TRAIN)] if (run.dir / SUITE_TRAIN).is_file() else []
+suite_sets, suite_report = (eval_suite.prepare(EVAL_SUITE, run.dir, suite_train, SUITE_SAMPLES) if EVAL_SUITE
+                             else ([], {}))
+suite_rows = eval_suite.engine_table(target, drafts[ARCHS[0]], suite_sets, MAIN_STEPS, MAX_NEW_TOKENS)
+report.shown(eval_suite.suite_frame(suite_rows, suite_report) if suite_rows else None, "EVAL_SUITE is empty: no suite")
+
+# %%
+fig = eval_suite.plot_per_set(suite_rows, f"{ARCHS[0]} S={MAIN_STEPS} per set ({DTYPE})") if suite_rows else None
+nb.save_figure(run, fig, "eval_suite", source=f"draftlab engine ({DTYPE}), suite {EVAL_SUITE} n<={SUITE_SAMPLES}/set")
+eval_suite.save_summary(run.dir / "eval_suite.json", ARCHS[0], suite_rows, suite_report)
 
 # %%
 nb.save_metrics(run, sweeps.metrics(device=run.device, dtype=DTYPE, max_new_tokens=MAX_NEW_TOKENS, sets=sets,
                                     main=main, wrong=wrong, chain=chain, fast=fast, lookup_main=lookup_main,
                                     lookup_rows=lookup_rows, tree=tree, fits=fits, checks=checks, example=example,
-                                    live=live, sglang=server_fit))
+                                    live=live, sglang=server_fit)
+                | {"breakeven_refused": {a: v.reason for a, v in verdicts.items() if v.model is None}})
 
 # %% [markdown]
 # ## Findings

@@ -50,10 +50,9 @@ SPEC_STEPS = 6  # chain length S for that decoding
 SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
 INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
 THREADS = 1  # torch CPU threads (1 is faster on a busy shared CPU)
-TIME_BUDGET_S = 0  # stop before a subset that would not finish within this many seconds; 0 for no limit
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
 GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
-SGLANG_STUDIES = []  # recipe-study folders (draftlab recipes) whose data-size rows give the SGLang curve; [] skips
+SGLANG_SIZE_CURVE = ""  # the recipe study's size_curve.json (results/recipes/size-curve/); "" skips the SGLang curve
 
 # %%
 from draftlab import data_scaling as scaling
@@ -71,7 +70,8 @@ work = run.dir / "scaling"
 # so a smaller subset also gets fewer optimizer steps: the curve mixes data volume with
 # optimisation. Check that the recipe has converged before reading it as a data curve: on one H200,
 # 5 epochs over the same 21,612 conversations instead of 2 took simulated acceptance from 2.34 to
-# 3.94 (`results/h200-epochs5-2026-12-01`), beyond what the 2-epoch study predicted for 10x data.
+# 3.94 (`results/h200-epochs5-2026-12-01` in git history; results/README.md), beyond what the
+# 2-epoch study predicted for 10x data.
 
 # %%
 plan = scaling.prepare(run.dir, work, SIZES, SEED, VAL_SAMPLES)
@@ -79,7 +79,7 @@ settings, recipe_notes = scaling.study_settings(
     run.dir, from_04=RECIPE_FROM_04, archs=ARCHS, epochs=EPOCHS, draft_vocab_size=DRAFT_VOCAB_SIZE, max_len=MAX_LEN,
     ttt_steps=TTT_STEPS, batch_tokens=BATCH_TOKENS, max_batch=MAX_BATCH, lr=LR, checkpoint_every=CHECKPOINT_EVERY,
     val_samples=VAL_SAMPLES, spec_prompts=SPEC_PROMPTS, spec_steps=SPEC_STEPS, spec_max_new_tokens=SPEC_MAX_NEW_TOKENS,
-    time_budget_s=TIME_BUDGET_S, seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN,
+    seed=SEED, threads=THREADS, intermediate_size=INTERMEDIATE_SIZE, hidden=HIDDEN,
     side_by_side=SIDE_BY_SIDE)
 scaling.print_plan(plan, settings, recipe_notes)
 
@@ -109,19 +109,22 @@ scaling.summary_table(results)
 # errors. The extra data is priced with the regeneration rate measured in notebook 03.
 
 # %%
+from draftlab.data_scaling.fits import refusal
+
 fits = scaling.fit_all(results, ceiling=scaling.sim_ceiling(results))
 chain_fits = scaling.fit_all(results, "chain_acceptance_length", ceiling=scaling.chain_ceiling(results))
 regen = scaling.regen_throughput(run.dir)
 extrapolation = scaling.extrapolate(fits, results, regen, FACTOR, GOAL)
 chain_extrapolation = scaling.extrapolate(chain_fits, results, regen, FACTOR, GOAL)
 scaling.print_regeneration(regen)
+print(refusal(fits) or f"curves fitted on {len({r['n'] for r in results})} data sizes")
 fig = scaling.plot_scaling(results, fits, FACTOR, GOAL)
 nb.save_figure(run, fig, "acceptance_vs_data")
 
 # %%
 fig = scaling.plot_chain_scaling(results, chain_fits, FACTOR, GOAL, SPEC_STEPS)  # None without real decoding
 nb.save_figure(run, fig, "chain_acceptance_vs_data")
-fig = scaling.plot_extrapolation(extrapolation)
+fig = scaling.plot_extrapolation(extrapolation)  # None when no fit may be extrapolated
 nb.save_figure(run, fig, "extrapolation")
 scaling.extrapolation_table(extrapolation)
 
@@ -135,19 +138,20 @@ nb.save_metrics(run, scaling.study_metrics(plan, settings, plan.notes + recipe_n
 
 # %% [markdown]
 # ## 4 · The same question in SGLang
-# The recipe study (`draftlab recipes`, issue 18) trains data-size rows with the reference recipe on the
-# regenerated set's first 1,351 / 2,702 / 5,403 / 10,806 conversations and on all of it (`base`), each at 5
-# epochs (steps in proportion to the samples), and measures every draft in SGLang at chain S = 6 on the same
+# The recipe study (`studies/recipes`, read here as its record `size_curve.json`) trains data-size rows with the
+# reference recipe on the regenerated set's first 1,351 / 2,702 / 5,403 / 10,806 conversations and on all
+# of it (`base`), each at 5 epochs (steps in proportion to the samples), and measures every draft in SGLang at chain
+# S = 6 on the same
 # 64 held-out prompts. Their acceptance, with a bootstrap error over prompts, gets the fits above and the
 # logistic `1 + S / (1 + (n50/n)^k)`, whose ceiling S + 1 is the chain's, not fitted (its band assumes that
 # shape: a ceiling below 7 would bend it sooner); the extra
-# data is priced at this run's regeneration rate and the largest point's training time. An SGLang figure,
+# data is priced at the study's regeneration rate and the largest point's training time. An SGLang figure,
 # not a simulated one: the number a server user gets. Since every size ran 5 epochs, the curve mixes data
 # with steps: the second figure sets rows with other passes (10 epochs on the same data, twice the data at
 # the same steps) beside the size rows, against the optimizer steps.
 
 # %%
-sglang_curve, figs = scaling.sglang_size_curve(SGLANG_STUDIES, work / "sglang", regen, FACTOR, GOAL)
+sglang_curve, figs = scaling.read_size_curve(SGLANG_SIZE_CURVE, FACTOR, GOAL)
 for name, fig in figs.items():
     nb.save_figure(run, fig, name)
 

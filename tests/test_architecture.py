@@ -7,6 +7,7 @@ a notebook imports run.notebook, the shared layers and its own stage. core has n
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,105 @@ def test_notebook_imports(path):
                 continue
             bad.append(f"{path.name}:{line}: {target}")
     assert not bad, "\n".join(bad)
+
+
+# ---- three houses: the product (lib/draftlab), its studies (studies/), the GPU harness (ops/) -------------
+HOUSES = {"studies": ROOT / "studies", "ops": ROOT / "ops"}
+# a string that runs a house: `-m studies.x` / `-m ops.x` as one argv element or in a shell line, or a
+# path into a house as an argv element; prose naming a house (a docstring, a sentence) is not a spawn
+SPAWN = re.compile(r"^(ops|studies)[./]\w|-m\s+(ops|studies)\b|(bash|sh|python3?)\s+(ops|studies)/")
+
+
+def docstrings(tree) -> set[int]:
+    """ids of the docstring constants of a module and of its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def strings(path: Path):
+    """(text, line) of every string constant of a module but its docstrings."""
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            yield node.value, node.lineno
+
+
+def imports_of(path: Path):
+    """(module, names, line) of every import of a file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, [], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            yield node.module or "", [a.name for a in node.names], node.lineno
+
+
+def test_the_product_never_imports_or_spawns_studies_or_ops():
+    bad = []
+    for path in modules().values():
+        where = path.relative_to(ROOT)
+        for module, _, line in imports_of(path):
+            if module.split(".")[0] in HOUSES:
+                bad.append(f"{where}:{line}: imports {module}")
+        for text, line in strings(path):
+            if SPAWN.search(text):
+                bad.append(f"{where}:{line}: runs a house: {text[:80]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_spawn_rule_sees_a_spawn_and_not_prose():
+    assert SPAWN.search("ops/gpu/step.sh") and SPAWN.search("studies.recipes")
+    assert SPAWN.search("python -m studies.recipes train") and SPAWN.search("bash ops/gpu/sglang.sh")
+    assert not SPAWN.search("Full profile, run with `ops/gpu/step.sh` on one H200")
+    assert not SPAWN.search("the recipe study's records (results/recipes/)")
+
+
+@pytest.mark.parametrize("house", sorted(HOUSES))
+def test_studies_and_ops_use_only_the_products_public_names(house):
+    """As a user's own scripts would: no private module or name, and none of the harness's old homes."""
+    files = sorted(p for p in HOUSES[house].rglob("*.py") if "tests" not in p.relative_to(HOUSES[house]).parts)
+    assert files, house
+    bad = []
+    for path in files:
+        for module, names, line in imports_of(path):
+            if module != "draftlab" and not module.startswith("draftlab."):
+                continue
+            private = [p for p in module.split(".") if p.startswith("_")] + [n for n in names if n.startswith("_")]
+            if private:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: private {private} of {module}")
+            if module.startswith("draftlab.run.gpu_") or any(n.startswith("gpu_") for n in names):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {module} (the GPU harness lives in ops/)")
+    assert not bad, "\n".join(bad)
+    big = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"split these by purpose: {big}"
+
+
+# the product's SGLang launch lines are built in one module; the parser and the server's argv check
+# recognise the launcher (its name, its tokens, their one-line errors), which builds nothing
+LAUNCHER = "sglang.launch_server"
+LAUNCH_BUILDER = "draftlab.sglang.commands"
+LAUNCH_READERS = {"draftlab.sglang.launch", "draftlab.sglang.server"}
+
+
+def test_sglang_launch_lines_are_built_in_one_module():
+    bad = []
+    for name, path in modules().items():
+        if name == LAUNCH_BUILDER or name in LAUNCH_READERS:
+            continue
+        bad += [f"{path.relative_to(ROOT)}:{line}: {text[:80]!r}" for text, line in strings(path) if LAUNCHER in text]
+    assert not bad, f"build SGLang launch lines with {LAUNCH_BUILDER}:\n" + "\n".join(bad)
+    for name in LAUNCH_READERS:  # the readers never build a launch argv: the name is never a list's element
+        tree = ast.parse(modules()[name].read_text())
+        built = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.List, ast.Tuple))
+            and any(isinstance(e, ast.Constant) and e.value == LAUNCHER for e in n.elts)
+        ]
+        assert not built, f"{name}: a launch argv built at lines {built}; build it in {LAUNCH_BUILDER}"
+    assert LAUNCHER in modules()[LAUNCH_BUILDER].read_text()

@@ -82,3 +82,58 @@ def test_curve_and_plot():
     assert "v: the cost of one verify pass" in caption and "c: the cost of one draft step" in caption
     assert "plain decoding steps" in caption and "L / (v + S·c)" in caption
     plt.close(fig)
+
+
+# ---- fits that refuse: the runs are drawn, one line says why no model is ------------------------
+
+
+def test_two_chain_lengths_are_refused_not_fitted_exactly():
+    rows = [fake_row(s, tpc) for s, tpc in [(1, 1.6), (3, 2.2)]]
+    verdict = be.fit_or_refuse(rows)
+    assert verdict.model is None and len(verdict.points) == 2
+    assert "2 chain length(s)" in verdict.reason and "\n" not in verdict.reason
+
+
+def test_negative_draft_cost_is_refused():
+    # cycle times that fall as the chain grows: the fit's c < 0, break-even would fall with S
+    rows = [fake_row(s, tpc, c=0.15) for s, tpc in [(1, 1.6), (2, 2.0), (3, 2.2)]]
+    for r, scale in zip(rows, (1.0, 0.85, 0.7)):
+        r["speculative"]["decode_s"] *= scale
+        r["decode_speedup"] = r["greedy"]["decode_s"] / r["speculative"]["decode_s"]
+    verdict = be.fit_or_refuse(rows)
+    assert verdict.model is None and "unphysical" in verdict.reason and "c = -" in verdict.reason
+
+
+def test_a_held_out_miss_is_refused():
+    rows = [fake_row(s, tpc) for s, tpc in [(1, 1.6), (2, 2.0), (3, 2.3), (5, 2.6)]]
+    rows[1]["speculative"]["decode_s"] *= 1.5  # S = 2 took 1.5x what the others' costs predict
+    rows[1]["decode_speedup"] = rows[1]["greedy"]["decode_s"] / rows[1]["speculative"]["decode_s"]
+    verdict = be.fit_or_refuse(rows)
+    assert verdict.model is None and "fitted without S = " in verdict.reason and "beyond" in verdict.reason
+
+
+def test_a_fit_that_holds_is_checked_on_held_out_runs():
+    rows = [fake_row(s, tpc) for s, tpc in [(1, 1.6), (2, 2.0), (4, 2.5)]]
+    verdict = be.fit_or_refuse(rows)
+    assert verdict.model is not None and verdict.reason == ""
+    assert all(c["held_out"] and abs(c["relative_error"]) < 1e-6 for c in verdict.checks)
+    assert len(verdict.checks) == 3
+
+
+def test_figure_draws_the_runs_and_the_reason_without_a_model():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{**fake_row(s, tpc), "arch": "eagle3"} for s, tpc in [(1, 1.6), (3, 2.2)]]
+    fits, checks, model_arch, verdicts = be.fit_chain(rows, ["eagle3"])
+    assert fits == {} and model_arch is None and be.refusals(verdicts).startswith("eagle3: no model drawn")
+    fig = be.figure(verdicts, "cpu")
+    ax = fig.axes[0]
+    assert len(ax.collections) == 2 and len(ax.lines) == 1  # the two runs' dots, the speedup-1 line only
+    assert any("no model drawn" in t.get_text() for t in ax.texts)
+    drawn = be.figure(
+        be.fit_chain([{**fake_row(s, t), "arch": "eagle3"} for s, t in [(1, 1.6), (2, 2.0), (4, 2.5)]], ["eagle3"])[3],
+        "cpu",
+    )
+    labels = [line.get_label() for line in drawn.axes[0].lines]
+    assert sum("held-out miss" in label for label in labels) == 3  # a line for every measured chain length

@@ -48,4 +48,4 @@ def test_every_train_option_has_help_text():
     for action in train._actions:
         if action.dest in fields:
             assert action.help and notes[action.dest] in action.help and "default:" in action.help, action.dest
-    assert "passes over the training conversations (default: 2.0)" in " ".join(train.format_help().split())
+    assert "passes over the training conversations (default: 5.0)" in " ".join(train.format_help().split())

@@ -1,6 +1,7 @@
 """DDP through torchrun: two gloo processes on the CPU (each accumulating 2 micro-batches under
 no_sync) train the same draft as one process accumulating the same 4 micro-batches per step."""
 
+import os
 import subprocess
 import sys
 
@@ -47,26 +48,30 @@ def test_two_gloo_processes_match_one_process_with_accumulation(tmp_path):
         assert torch.allclose(ddp[k].float(), v.float(), atol=1e-4), (k, (ddp[k].float() - v.float()).abs().max())
 
 
+def _rank_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of torchrun's worker processes (their RANK from /proc/<pid>/environ)."""
+    from pathlib import Path
+
+    kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    out = {}
+    for pid in map(int, kids):
+        env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in v)
+        if "RANK" in env:
+            out[int(env["RANK"])] = pid
+    return out
+
+
 @pytest.mark.slow
-def test_two_ranks_stop_at_the_same_step_by_rank_0s_clock(tmp_path):
-    """stop_at under torchrun: the ranks ask rank 0 every log_every steps and stop together (a rank that
-    stopped alone would leave the other waiting in a collective until the timeout)."""
+def test_a_signal_to_one_rank_stops_both_at_the_same_step(tmp_path):
+    """SIGTERM to rank 1 alone: the ranks agree every step, so rank 0 writes the checkpoint of the same step
+    and both stop (a rank that stopped alone would leave the other waiting in a collective)."""
     import json
+    import signal
     import time
 
     files = write_fixture(tmp_path / "regen", n_train=24, n_val=4)
     out = tmp_path / "ddp" / "eagle3"
-    cfg = small_config(
-        files,
-        out,
-        epochs=2,
-        save_every=100,
-        eval_every=100,
-        threads=1,
-        batch_tokens=160,
-        log_every=2,
-        stop_at=time.time() - 1,
-    )
+    cfg = small_config(files, out, epochs=30, save_every=1000, eval_every=1000, threads=1, batch_tokens=160)
     args = [
         sys.executable,
         "-m",
@@ -81,7 +86,16 @@ def test_two_ranks_stop_at_the_same_step_by_rank_0s_clock(tmp_path):
     for k, v in vars(cfg).items():
         if k != "capture_layers":
             args += [f"--{k.replace('_', '-')}", str(v)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (out / "latest").read_text().strip() == "ckpt-0000002"  # the first step rank 0 was asked at
-    assert not json.loads((out / "summary.json").read_text())["finished"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not ((out / "train.csv").is_file() and len((out / "train.csv").read_text().splitlines()) > 2):
+        assert proc.poll() is None and time.time() - t0 < 300, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    ranks = _rank_pids(proc.pid)
+    os.kill(ranks[1], signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM" in stderr, stderr[-3000:]
+    step = int((out / "latest").read_text().strip().split("-")[1])
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < step == summary["steps"] < summary["total_steps"] and not summary["finished"]

@@ -315,15 +315,20 @@ def test_train_resume_with_another_recipe_is_one_line(tmp_path):
     import dataclasses
     import json
 
+    import torch
+    from safetensors.torch import save_file
+
     from draftlab.train_draft.config import TrainConfig
 
     (tmp_path / "train.jsonl").write_bytes(b"{}\n")
     ck = tmp_path / "t" / "ckpt-0000003"
     ck.mkdir(parents=True)
     old = dataclasses.asdict(
-        TrainConfig(train_file=str(tmp_path / "train.jsonl"), out_dir=str(tmp_path / "t"), lr=1e-3)
+        TrainConfig(train_file=str(tmp_path / "train.jsonl"), out_dir=str(tmp_path / "t"), lr=5e-4)
     )
     (ck / "state.json").write_text(json.dumps({"train_config": old, "step": 3}))
+    for name in ("draft.safetensors", "optimizer.safetensors"):  # a complete checkpoint of another lr
+        save_file({"w": torch.zeros(2)}, str(ck / name))
     proc = draftlab(
         "train",
         "--train-file",

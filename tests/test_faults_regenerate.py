@@ -82,7 +82,7 @@ INPUT_CASES = [
         ["line 1", "no user turn"],
     ),
     ("--concurrency 0", rows_text(GOOD), ["--concurrency", "0"], ["concurrency"]),
-    ("--timeout 0", rows_text(GOOD), ["--timeout", "0"], ["request_timeout"]),
+    ("--timeout 0", rows_text(GOOD), ["--timeout", "0"], ["--timeout"]),
     ("--system-policy set without a prompt", rows_text(GOOD), ["--system-policy", "set"], ["--system-prompt"]),
     ("--limit -1", rows_text(GOOD), ["--limit", "-1"], ["--limit"]),
 ]
@@ -292,7 +292,7 @@ def test_server_killed_mid_run_stops_after_max_outage_and_resumes(tiny_server, t
     assert stopped_after < outage + 20, stopped_after
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
-    assert any("unreachable for" in line and "retrying in" in line for line in lines), err[-2000:]
+    assert any("not answering for" in line and "retrying in" in line for line in lines), err[-2000:]
     assert lines[-1].startswith("error: no server answered for") and "rerun the same command" in lines[-1]
     kept = _finished(work)
     assert 5 <= kept < len(rows)

@@ -358,7 +358,7 @@ def test_train_option_help_and_choices():
 
     train = cli.build_parser(["train"])._subparsers._group_actions[0].choices["train"]
     action = next(a for a in train._actions if "--fc-norm" in a.option_strings)
-    assert action.choices == ["none", "per_layer", "concat"] and action.default == "none"
+    assert action.choices == ["none", "per_layer", "concat", "auto"] and action.default == "auto"  # the recipe's
     assert "RMSNorm before fc" in action.help
     with pytest.raises(SystemExit):
         train.parse_args(["--fc-norm", "both"])
@@ -383,7 +383,7 @@ def test_train_settings_refuse_eagle1_norm_and_old_checkpoints_resume(tmp_path):
     old = asdict(TrainConfig())
     old.pop("fc_norm")  # a checkpoint written before the option
     (ck / "state.json").write_text(json.dumps({"train_config": old}))
-    check_same_recipe(ck, TrainConfig())
+    check_same_recipe(ck, TrainConfig(fc_norm="none"))  # the option's absence reads as none, not the default
     from draftlab.core.errors import InputError
 
     with pytest.raises(InputError, match="fc_norm"):

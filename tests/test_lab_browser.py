@@ -194,8 +194,11 @@ def test_run_all_of_a_stage_whose_input_is_missing_stops_with_one_line(browser, 
         except Exception:
             shot = screenshot(page, tmp_path, "lab-05_flag_diagnosis-missing-stage-timeout.png")
             pytest.fail(f"no StageMissing line after 120 s: see {shot}")
-        locator.first.scroll_into_view_if_needed()
+        wait_for_run_all(page, 60)
+        time.sleep(4)  # Run All activates the last cell; the error output scrolls its cell back (0.4-3 s)
+        box = locator.first.bounding_box()
         shot = screenshot(page, tmp_path, "lab-05_flag_diagnosis-missing-stage.png")
+        assert box and 0 <= box["y"] < 1000, f"the error is off screen after Run All: {box} (see {shot})"
         text = locator.first.text_content().strip()
         assert text.count("\n") == 0 and "Traceback" not in text, f"{text!r} ({shot})"
         assert "run 02_blend, then 03_regenerate, then 04_train_draft first" in text, text
@@ -233,3 +236,43 @@ def test_published_executed_notebooks_show_their_figures_in_chromium(browser, tm
             page.locator(".jp-toast-message:has-text('read-only')").first.wait_for(timeout=10_000)
             assert (root / rel).read_bytes() == (ROOT / rel).read_bytes(), f"{rel}: Lab rewrote a published record"
             page.close()
+
+
+def test_make_demo_run_folder_runs_all_of_05_and_06_without_an_edit(browser, tmp_path, monkeypatch):
+    """What `make demo` then `make lab` give a user: the run folder results/lab (here a smoke run of the stages
+    05 and 06 read, under $DRAFTLAB_RESULTS) and the notebooks as committed; Run All of each, no edit: no
+    error, every cell run, figures drawn, and the first output names the run it continued."""
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    monkeypatch.setenv("DRAFTLAB_RESULTS", str(results))  # the run, the Lab server and its kernels
+    draftlab = str(Path(sys.executable).with_name("draftlab"))
+    cmd = [draftlab, "run", "02", "03", "04", "--profile", "smoke", "--run-id", "lab"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    root = tmp_path / "root"
+    (root / "notebooks").mkdir(parents=True)
+    for stem in ("05_flag_diagnosis", "06_benchmark_acceptance"):
+        for ext in (".ipynb", ".py"):  # unchanged; the .py last, jupytext wants it newest
+            shutil.copy(ROOT / "notebooks" / f"{stem}{ext}", root / "notebooks" / f"{stem}{ext}")
+            time.sleep(1.1)
+    with running_lab(root, tmp_path) as lab:
+        for stem in ("05_flag_diagnosis", "06_benchmark_acceptance"):
+            page = open_in_lab(browser, lab, f"notebooks/{stem}.ipynb")
+            run_all(page)
+            finished = wait_for_run_all(page, 900)
+            shot = screenshot(page, tmp_path, f"lab-demo-{stem}-run-all.png")
+            assert finished, f"{stem}: Run All did not finish in 900 s (see {shot})"
+            prompts = page.eval_on_selector_all(
+                ".jp-NotebookPanel .jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent.trim())"
+            )
+            assert all(p[1:-2].isdigit() for p in prompts), f"{stem}: not every cell ran: {prompts} (see {shot})"
+            assert not tracebacks(page), f"{stem}: {tracebacks(page)} (see {shot})"
+            images = decoded_images(page)
+            assert images and all(w > 0 for w in images), f"{stem}: no figure drawn (see {shot})"
+            first = page.locator(".jp-NotebookPanel .jp-OutputArea-output").first.text_content()
+            assert "RUN_DIR results/lab (a smoke run of 'tiny'" in first, first
+            page.close()
+    metrics = json.loads((results / "lab" / "metrics.json").read_text())
+    assert {"05_flag_diagnosis", "06_benchmark_acceptance"} <= set(metrics)

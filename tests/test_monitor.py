@@ -88,7 +88,8 @@ def test_cli_prints_and_plots(work, capsys, tmp_path):
     w, _ = work
     assert draftlab_main(["monitor", str(w), "--plot", str(tmp_path / "tp.png")]) == 0
     out = capsys.readouterr().out
-    assert "rows" in out and "ETA" in out and (tmp_path / "tp.png").stat().st_size > 1000
+    # the fixture's rows finished in 1970: no ETA, but how long nothing has finished
+    assert "rows" in out and "stalled for" in out and (tmp_path / "tp.png").stat().st_size > 1000
     assert draftlab_main(["monitor", str(w), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finished"] == 14
 
@@ -130,3 +131,60 @@ def test_answer_lengths_plot_says_when_there_is_nothing_before():
     assert any(t.startswith("before: none") for t in labels) and "no answers before" in ax.get_title()
     both = monitor.plot_finish_and_lengths({"train": {"stop": 2}}, {"before": [4, 8], "after": [5, 9]}, 16)
     assert both.axes[1].get_title() == "answer lengths before / after regeneration"
+
+
+def test_garbage_line_mid_file_is_damage_not_complete(work, capsys):
+    """A bad line before a shard's last one is not a torn tail: the monitor names file and line and
+    exits 1 (a resume refuses that folder), instead of counting the shard as complete."""
+    w, _ = work
+    shard = w / "shards" / "part-00000.jsonl"
+    lines = shard.read_text().splitlines(keepends=True)
+    shard.write_text("".join(lines[:2] + ["{garbage\n"] + lines[2:]))
+    s = monitor.summarize(w)
+    assert s["damaged"] == [f"{shard}: line 3"]
+    assert "damaged" in monitor.format_summary(s)
+    assert draftlab_main(["monitor", str(w)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and f"{shard}: line 3" in err[0]
+
+
+def test_duplicate_ids_are_reported(work):
+    w, now = work
+    first = json.loads((w / "shards" / "part-00000.jsonl").read_text().splitlines()[0])
+    with open(w / "shards" / "part-00001.jsonl", "r+b") as fh:  # cut the torn tail, then a second copy
+        data = fh.read()
+        fh.seek(0)
+        fh.truncate()
+        fh.write(data[: data.rindex(b"\n") + 1] + (json.dumps(first) + "\n").encode())
+    s = monitor.summarize(w, now=now)
+    assert s["duplicates"] == [first["id"]]
+    assert f"duplicates 1 ids finished more than once: {first['id']}" in monitor.format_summary(s)
+
+
+def test_stalled_run_says_so_instead_of_a_growing_eta(work):
+    w, now = work
+    assert "ETA" in monitor.format_summary(monitor.summarize(w, now=now))  # the last row: 40 s ago
+    later = monitor.summarize(w, now=now + 300)  # nothing since: 340 s, > 5 x the recent time per row
+    text = monitor.format_summary(later)
+    assert "stalled for 340 s" in text and "ETA" not in text
+
+
+def test_throughput_axis_ignores_a_one_interval_spike_and_counts_capped_answers(tmp_path):
+    """Steady 10 tok/s for 10 minutes, one interval of 3,000 tokens in one second mid-run and a short
+    burst at the end: the axis follows the steady rate, the spike is marked, and the title says how
+    many answers hit the token cap."""
+    rows = make_conversations(64)
+    w = tmp_path / "work"
+    (w / "shards").mkdir(parents=True)
+    (w / "manifest.json").write_text(json.dumps({"total": 64, "runs": [{"started": 0.0, "pid": None}]}))
+    done = [_row(rows[i], 10.0 * (i + 1), [100], truncated=i % 4 == 0) for i in range(60)]
+    done += [_row(rows[60], 301.0, [3000])]  # one second after the row before it, mid-run
+    done += [_row(rows[61 + i], 600.5 + 0.1 * i, [100]) for i in range(3)]  # a burst at the very end
+    write_jsonl(w / "shards" / "part-00000.jsonl", sorted(done, key=lambda r: r["meta"]["regen"]["t_done"]))
+    edges, tok_s, _ = monitor.throughput_series(w, bin_s=1)
+    assert edges[-1] - edges[-2] >= 0.5  # the end burst joined the interval before it
+    fig = monitor.plot_throughput(w, bin_s=1)
+    ax = fig.axes[0]
+    assert max(tok_s) > 1000 and ax.get_ylim()[1] < 100  # the spike does not set the axis
+    assert any("off the axis" in t.get_text() for t in ax.texts)
+    assert "15 of 64 answers hit the token cap (finish_reason 'length')" in ax.get_title()

@@ -35,7 +35,9 @@ def test_lab_defaults_are_the_quick_profile_on_the_embedded_target(path):
 
 def test_first_stage_writes_run_json_and_a_later_one_opened_with_only_run_dir_takes_it(tmp_path, capsys):
     ns = {**defaults("00_environment_check", tmp_path), "TARGET": "tiny", "PROFILE": "smoke"}
-    nb.start("00_environment_check", ns)
+    first = nb.start("00_environment_check", ns)
+    assert not (tmp_path / "run.json").exists()  # a stage that stops before its end pins nothing
+    nb.save_metrics(first, {"done": True})
     record = json.loads((tmp_path / "run.json").read_text())
     assert (record["TARGET"], record["PROFILE"], record["written_by"]) == ("tiny", "smoke", "00_environment_check")
     later = defaults("05_flag_diagnosis", tmp_path)
@@ -47,7 +49,8 @@ def test_first_stage_writes_run_json_and_a_later_one_opened_with_only_run_dir_ta
     assert later["DEVICE"] == "auto"  # where this stage runs is the opener's
     out = capsys.readouterr().out
     assert "from the run folder" in out and "TARGET='tiny'" in out and "EVAL_PROMPTS=1" in out
-    assert run.caveat == "random weights (tiny target): not a result" and "random weights" in out
+    assert run.caveat == "random weights (tiny target): not a result; demo scale (smoke profile), not a result"
+    assert "random weights" in out and f"RUN_DIR {tmp_path} (a smoke run of 'tiny')" in out
 
 
 def test_an_explicit_value_other_than_the_runs_is_a_one_line_error(tmp_path):
@@ -67,6 +70,8 @@ def test_a_folder_from_before_run_json_is_read_from_the_runners_params_yaml(tmp_
             {"profile": "full", "notebooks": {"04_train_draft": {"TARGET": "embedded"}, "05_flag_diagnosis": {}}}
         )
     )
+    assert settings.run_settings(tmp_path) is None  # the runner's record of a run whose first stage stopped
+    (tmp_path / "metrics.json").write_text(json.dumps({"_run": {}, "04_train_draft": {}}))
     assert settings.run_settings(tmp_path) == {"PROFILE": "full", "TARGET": "embedded"}
     assert settings.run_settings(ROOT / "results" / "reference") == {"PROFILE": "full", "TARGET": "embedded"}
     assert settings.run_settings(tmp_path / "new") is None
@@ -117,7 +122,9 @@ def test_a_random_target_stamps_every_figure_and_records_it(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = nb.Run("03_regenerate", tmp_path, {}, "cpu", caveat=settings.caveat("tiny"))
+    run = nb.Run(
+        "03_regenerate", tmp_path, {"TARGET": "tiny", "PROFILE": "full"}, "cpu", caveat=settings.caveat("tiny")
+    )
     run.figures.mkdir()
     fig, (a, b) = plt.subplots(1, 2)
     path = nb.save_figure(run, fig, "x", caveat="untrained draft: not a result")
@@ -125,9 +132,11 @@ def test_a_random_target_stamps_every_figure_and_records_it(tmp_path):
     assert want in [t.get_text() for t in fig.texts]  # the banner
     assert all(any("random weights" in t.get_text() for t in ax.texts) for ax in (a, b))  # and each panel
     assert png_text(path).get("draftlab:caveat") == want
-    real = nb.Run("03_regenerate", tmp_path, {}, "cpu", caveat=settings.caveat("embedded"))
+    real = nb.Run("03_regenerate", tmp_path, {"TARGET": "embedded", "PROFILE": "full"}, "cpu")
     fig2, _ = plt.subplots()
-    assert "draftlab:caveat" not in png_text(nb.save_figure(real, fig2, "y")) and not fig2.texts
+    saved = png_text(nb.save_figure(real, fig2, "y"))
+    assert "draftlab:caveat" not in saved and [t.get_text() for t in fig2.texts] == [saved["draftlab:source"]]
+    assert saved["draftlab:source"].startswith("source: target embedded; draftlab regenerate ")
     plt.close("all")
     # a cell that ends with the call shows where the file went, not PosixPath('...') (issue 20.3)
     assert repr(path) == f"saved {tmp_path / 'figures' / '03_regenerate_x.png'}" and path.is_file()

@@ -298,7 +298,10 @@ def test_side_by_side_study_measures_what_the_sequential_one_does(tmp_path, tiny
     rows = {}
     for mode in (False, True):
         plan = scaling.prepare(tmp_path, tmp_path / f"scaling-{mode}", [4])
-        settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, side_by_side=mode)
+        # the whole vocabulary: the random target's arg-max tokens are then trained on (a draft that saw no
+        # supervised token fails its training, and the side-by-side child with it)
+        train = {**SMOKE_TRAIN, "draft_vocab_size": 49152}
+        settings = scaling.StudySettings(train=train, val_samples=4, side_by_side=mode)
         out = scaling.run_study(
             tiny_target, "tiny", "cpu", plan, tmp_path / f"scaling-{mode}", settings, progress=False
         )
@@ -309,17 +312,6 @@ def test_side_by_side_study_measures_what_the_sequential_one_does(tmp_path, tiny
         assert r["steps"] == rows[False][arch]["steps"]
         assert r["sim_accept_len"] == pytest.approx(rows[False][arch]["sim_accept_len"], abs=1e-6)
         assert r["acc"] == pytest.approx(rows[False][arch]["acc"], abs=1e-6)
-
-
-def test_time_budget_defers_the_rest(tmp_path, tiny_target):
-    _regen_dir(tmp_path, 24, 4)
-    plan = scaling.prepare(tmp_path, tmp_path / "scaling", [4, 16])
-    settings = scaling.StudySettings(archs=["eagle3"], train=SMOKE_TRAIN, val_samples=2, time_budget_s=0.01)
-    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
-    assert out["ran_now"] == [("eagle3", 4)] and out["deferred"] == [("eagle3", 16)]
-    settings.time_budget_s = 0
-    out = scaling.run_study(tiny_target, "tiny", "cpu", plan, tmp_path / "scaling", settings, progress=False)
-    assert out["ran_now"] == [("eagle3", 16)] and len(out["results"]) == 2
 
 
 def test_heldout_eval_equals_the_training_objectives_own_path(tmp_path, tiny_target):
@@ -381,3 +373,24 @@ def test_study_on_cuda_bf16_with_graphs(tmp_path):
     assert len(out["results"]) == 4
     for r in out["results"]:
         assert 1.0 <= r["sim_accept_len"] <= 3.0 and 1.0 <= r["chain_acceptance_length"] <= 7.0
+
+
+def test_three_sizes_are_drawn_without_a_curve_and_not_extrapolated():
+    """07 on three subsets (4, 8, 16 conversations): the points, one line saying why no curve, no 10x band."""
+    from draftlab.data_scaling.fits import refusal
+
+    results = [
+        {"arch": "eagle3", "n": n, "source": "scaling", "sim_accept_len": 1.0 + 0.1 * i, "sim_accept_len_se": 0.05}
+        for i, n in enumerate((4, 8, 16))
+    ]
+    fits = scaling.fit_all(results)
+    assert not any(f.ok for f in fits["eagle3"].values())
+    line = refusal(fits)
+    assert line.startswith("no curve drawn: 3 data sizes (n = 4, 8, 16)") and "\n" not in line
+    extra = scaling.extrapolate(fits, results, {"tok_s": None}, 10, 4.0)["eagle3"]
+    assert all(extra[m] == {"ok": False, "reason": line} for m in scaling.MODELS)
+    assert scaling.plot_extrapolation({"eagle3": extra}) is None
+    fig = scaling.plot_scaling(results, fits, 10.0, 4.0)
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] < 40  # the points' own scale, not 10x beyond them
+    assert any(t.get_text() == line for t in ax.texts) and not ax.collections[1:]  # no band

@@ -449,4 +449,10 @@ def test_default_profile_drops_only_unneeded_kernels():
     ):
         assert needed not in prof.drop_packages
     assert set(P.SGLANG_EXTRAS["0.5.17"]) == {"transformers==5.12.1", "tokenizers==0.22.2"}
-    assert {"torch", "triton", "numpy", "transformers"} <= P.GPU_MACHINE_PACKAGES
+
+
+def test_a_machine_file_gives_names_and_pinned_versions(tmp_path):
+    path = tmp_path / "machine.txt"
+    path.write_text("# pip freeze there\nTorch==2.11.0\nnumpy==2.5.2  # pinned\ntyping_extensions\n")
+    assert P.read_names(path) == {"torch", "numpy", "typing-extensions"}
+    assert P.read_versions(path) == {"torch": "2.11.0", "numpy": "2.5.2"}

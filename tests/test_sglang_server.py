@@ -229,34 +229,38 @@ def test_measure_runs_real_processes_records_failures_resumes_and_leaves_nothing
     )
 
 
-def test_a_deadline_between_turns_keeps_the_rounds_done_and_stops_every_server(tmp_path, monkeypatch):
-    """The deadline is read before every server's turn: a server with one round done counts as measured,
-    with the windows it has; none is left running."""
-    from types import SimpleNamespace
+def test_a_sigterm_between_turns_keeps_the_rounds_done_and_stops_every_server(tmp_path, monkeypatch):
+    """A stop is a signal: a SIGTERM during a turn lets that turn finish, then the measurement stops with
+    one line (core.stop.Stopped, exit 143) before the next turn; the windows taken stay, no server runs on."""
+    import os
+    import signal
 
     from draftlab.benchmark_acceptance import sglang_live as live
+    from draftlab.core.stop import Stopped
 
     monkeypatch.setenv("DRAFTLAB_SERVER_REGISTRY", str(tmp_path / "registry"))
-    clock = iter(range(100))  # each turn reads the clock once: turn k at time k
-    monkeypatch.setattr(live, "time", SimpleNamespace(time=lambda: next(clock), perf_counter=time.perf_counter))
-    procs = []
+    procs, turns = [], []
+    real_turn = live._measure_turn
+
+    def turn(*args, **kwargs):
+        result = real_turn(*args, **kwargs)
+        turns.append(1)
+        if len(turns) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only records it: the loop stops at its next check
+        return result
+
+    monkeypatch.setattr(live, "_measure_turn", turn)
 
     def server(entry, log):
         procs.append(_server(tmp_path, *(["--accept", "2"] if entry.algorithm else []), log=log))
         return procs[-1]
 
     entries = [live.Entry("baseline", "cmd"), live.Entry("EAGLE3 S3 K1 D4", "cmd", [1], 3, 1, 4, "EAGLE3")]
-    done = live.measure(
-        entries,
-        [[1, 2, 3], [4, 5]],
-        tmp_path / "out",
-        repeats=3,
-        warmup=0,
-        max_new_tokens=3,
-        deadline=2.5,
-        server=server,
-    )
-    assert done == ["baseline", "EAGLE3 S3 K1 D4"]
+    with pytest.raises(Stopped) as stopped:
+        live.measure(
+            entries, [[1, 2, 3], [4, 5]], tmp_path / "out", repeats=3, warmup=0, max_new_tokens=3, server=server
+        )
+    assert stopped.value.exit_code == 143 and "stopped by SIGTERM" in str(stopped.value)
     windows = [(w["label"], w["repeat"]) for w in live.read_windows(tmp_path / "out")]
-    assert windows == [("baseline", 0), ("EAGLE3 S3 K1 D4", 0), ("baseline", 1)]  # turn 3 came after 2.5
+    assert windows == [("baseline", 0), ("EAGLE3 S3 K1 D4", 0), ("baseline", 1)]
     assert all(_gone(p.pid) for p in procs)

@@ -98,3 +98,29 @@ def test_engine_rows_are_read_too():
     assert report.run_point(r) == (3, 1, 4, 1.2, 1, 2)
     fig = report.plot_speedup_by_chain([r])
     assert [t.get_text() for t in fig.axes[0].texts] == ["1/2"]
+
+
+def test_engine_vs_sglang_compares_each_run_with_the_model_at_its_own_chain_length():
+    """Every measured run is a dot against the model at its own S (not a line for one S against dots of all),
+    labelled with S (and top-k or the wrong flag), the largest miss in the legend."""
+    from draftlab.benchmark_acceptance.breakeven import CostModel
+    from draftlab.benchmark_acceptance.sglang_figures import plot_predicted_vs_measured
+
+    engine = CostModel(1.0, 0.1)
+    checks = [
+        {"steps": s, "measured_speedup": m, "predicted_speedup": p, "held_out": True}
+        for s, m, p in [(1, 1.5, 1.53), (3, 1.9, 1.91), (6, 1.9, 1.95)]
+    ]
+    server = CostModel(2.9, 0.01)
+    rates = [
+        {"steps": 6, "topk": 1, "algorithm": "EAGLE3", "measured_speedup": 0.98, "predicted_speedup": 0.97},
+        {"steps": 6, "topk": 8, "algorithm": "EAGLE3", "measured_speedup": 0.98, "predicted_speedup": 1.26},
+        {"steps": 6, "topk": 1, "algorithm": "EAGLE", "measured_speedup": 0.43, "predicted_speedup": 0.35},
+    ]
+    fig = plot_predicted_vs_measured(engine, checks, server, rates)
+    ax = fig.axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 6  # one dot per run
+    assert sorted(t.get_text() for t in ax.texts) == sorted(["S=1", "S=3", "S=6", "S=6", "S=6 topk 8", "S=6 EAGLE"])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0].endswith("held-out, largest miss +3% at S=6")
+    assert legend[1].endswith("chains in-sample, largest miss +29% at S=6")

@@ -108,16 +108,34 @@ def test_training_learns_and_logs(fixture_files, tmp_path):
     assert len(vocab["draft_ids"]) == 512 and vocab["draft_ids"] == sorted(vocab["draft_ids"])
 
 
-def test_stop_at_checkpoints_and_stops_the_call(fixture_files, tmp_path):
-    """A device call's deadline: past stop_at the run checkpoints at once and returns unfinished (rather
-    than being killed and losing the steps since its last checkpoint)."""
-    import time
+def test_a_signal_checkpoints_and_stops_the_call(fixture_files, tmp_path, monkeypatch):
+    """SIGTERM mid-run (here sent during the first step): the step ends, a checkpoint is written, Stopped
+    says where and how to resume (exit 143 from the command); resume then continues from it."""
+    import os
+    import signal
 
+    from draftlab.core.stop import Stopped
+    from draftlab.train_draft import loop
+
+    real_step = loop.TrainingRun.train_step
+
+    def step_then_signal(self, *args):
+        out = real_step(self, *args)
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(loop.TrainingRun, "train_step", step_then_signal)
     out = tmp_path / "eagle3"
-    r = train(small_config(fixture_files, out, save_every=100, eval_every=100, stop_at=time.time() - 1))
-    assert not r["finished"] and r["steps"] == 1
+    cfg = small_config(fixture_files, out, save_every=100, eval_every=100)
+    with pytest.raises(Stopped, match="at step 1 of .* \\(checkpoint ckpt-0000001\\), stopped by SIGTERM") as exc:
+        train(cfg)
+    assert exc.value.exit_code == 143
     assert (out / "latest").read_text().strip() == "ckpt-0000001"
     assert not json.loads((out / "summary.json").read_text())["finished"]
+    monkeypatch.setattr(loop.TrainingRun, "train_step", real_step)
+    r = train(cfg, resume=True)
+    assert r["finished"] and r["resumed_from_step"] == 1
 
 
 def test_the_learning_rate_schedule_is_a_setting(fixture_files, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from pathlib import Path
 
@@ -30,6 +31,11 @@ COMMANDS = {
         "add_blend_parser",
         "blend prompt sources from a YAML spec into train/val/test files",
     ),
+    "prompts": (
+        "draftlab.dataset_discovery.generated_prompts",
+        "add_prompts_parser",
+        "write broad training prompts with the target itself (Magpie)",
+    ),
     "regenerate": (
         "draftlab.regenerate.cli",
         "add_regenerate_parser",
@@ -51,15 +57,15 @@ COMMANDS = {
         "add_doctor_parser",
         "check a draft, its target and the SGLang flags for silent mismatches (or probe a server)",
     ),
-    "recipes": (
-        "draftlab.data_scaling.cli",
-        "add_recipes_parser",
-        "the recipe study: one draft per recipe row, all measured in SGLang",
-    ),
     "sglang": (
         "draftlab.sglang.cli",
         "add_sglang_parser",
         "an offline SGLang bundle: build it here, install it on a machine without a network",
+    ),
+    "capture-hidden": (
+        "draftlab.sglang.hidden_cli",
+        "add_capture_parser",
+        "capture the training conversations' hidden states in SGLang (any --tp-size) for draftlab train",
     ),
 }
 # `draftlab bench <what>`: each benchmark is owned by its stage's cli module.
@@ -93,6 +99,11 @@ BENCHES = {
         "draftlab.benchmark_acceptance.cli",
         "add_bench_sglang_parser",
         "start SGLang servers (baseline, chain, trees, wrong flag) and measure them",
+    ),
+    "cost": (
+        "draftlab.benchmark_acceptance.cli",
+        "add_bench_cost_parser",
+        "SGLang's speculative cycle cost on a target's shape (random weights, forced acceptance)",
     ),
 }
 BENCH_HELP = "benchmarks: blend, client, live servers, reference engine"
@@ -136,8 +147,13 @@ def build_parser(argv: list[str] | None = None, lazy: bool = True) -> argparse.A
 def main(argv: list[str] | None = None) -> int:
     """Run one command: an expected failure is one line on stderr, not a traceback (issue 19.5;
     core.errors.run_command is the one place that decides how)."""
-    args = build_parser(argv).parse_args(argv)
-    return run_command(args.func, args)  # a DraftlabError: one `error: ...` line, exit 1 or 2
+    try:
+        args = build_parser(argv).parse_args(argv)
+        return run_command(args.func, args)  # a DraftlabError: one `error: ...` line, exit 1 or 2
+    except KeyboardInterrupt as exc:  # Ctrl-C outside a graceful stop, or a second signal (core.stop)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"error: interrupted by {signal.Signals(signum).name}; what was saved is kept", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ token. In units of one plain target step (time T1):
 v is about 1 when the target is memory- or launch-bound (a GPU at small batch: verifying a few
 tokens costs about one decode step) and grows with the verified tokens when it is compute-bound
 (this CPU). v and c are fitted from the engine's own timings (`fit_costs`) and checked against
-its measured speedups (`check`). A chain of S steps cannot exceed L = S + 1, so a draft whose
+its measured speedups on chain lengths left out of the fit (`held_out_check`); `fit_or_refuse` draws
+no model, and says why in one line, where it cannot be checked so (fewer than three chain lengths),
+is unphysical (a cost at or below zero) or misses a held-out run by more than 25%. A chain of S
+steps cannot exceed L = S + 1, so a draft whose
 needed L* is above S + 1 can never pay off at that S.
 """
 
@@ -111,6 +114,124 @@ def check(rows: list[dict], model: CostModel) -> list[dict]:
     return out
 
 
+# A model of two costs needs a third chain length to be checked on a run it was not fitted to, and it
+# is drawn only when that check holds within this share of the measured speedup.
+MIN_CHAIN_LENGTHS = 3
+HELD_OUT_TOLERANCE = 0.25
+
+
+@dataclass
+class Verdict:
+    """A break-even fit that may refuse: the model (None when refused), its held-out checks, and why not."""
+
+    model: CostModel | None
+    checks: list[dict]
+    points: list[dict]  # every measured run: steps, tokens_per_cycle, measured_speedup
+    reason: str = ""  # one line: why no model is drawn ("" when one is)
+
+
+def measured_points(rows: list[dict]) -> list[dict]:
+    """What a figure draws whether or not a model is: each run's tokens per cycle and measured speedup."""
+    return [
+        {"steps": r["num_steps"], "tokens_per_cycle": decode_rates(r)["tokens_per_cycle"], "measured_speedup": m}
+        for r in rows
+        if (m := r.get("decode_speedup"))
+    ]
+
+
+def held_out_check(rows: list[dict]) -> list[dict]:
+    """check() of each chain length against the fit of the others (never of the points it was fitted on)."""
+    out = []
+    for s in sorted({r["num_steps"] for r in rows}):
+        model = fit_from_runs([r for r in rows if r["num_steps"] != s])
+        out += [{**c, "held_out": True} for c in check([r for r in rows if r["num_steps"] == s], model)]
+    return out
+
+
+def fit_or_refuse(rows: list[dict]) -> Verdict:
+    """The cost model of these chain runs, or the reason none is drawn: too few chain lengths to check
+    a two-parameter fit, an unphysical fit (a cost at or below zero: break-even would not rise with
+    the chain), or a fit that misses a held-out chain length by more than HELD_OUT_TOLERANCE."""
+    points = measured_points(rows)
+    lengths = sorted({r["num_steps"] for r in rows})
+    if len(lengths) < MIN_CHAIN_LENGTHS:
+        return Verdict(
+            None,
+            [],
+            points,
+            f"no model drawn: runs at {len(lengths)} chain length(s) (S = {lengths}); two costs (v, c) pass "
+            f"exactly through two and leave no run to check them on: measure {MIN_CHAIN_LENGTHS} or more",
+        )
+    model = fit_from_runs(rows)
+    if model.draft_cost <= 0 or model.verify_cost <= 0:
+        return Verdict(
+            None,
+            [],
+            points,
+            f"no model drawn: the fit is unphysical (v = {model.verify_cost:.2f}, c = {model.draft_cost:.3f}): "
+            "a cost at or below zero, break-even not rising with the chain; the timings are too noisy at this scale",
+        )
+    checks = held_out_check(rows)
+    worst = max(checks, key=lambda c: abs(c["relative_error"] or 0.0))
+    if abs(worst["relative_error"] or 0.0) > HELD_OUT_TOLERANCE:
+        return Verdict(
+            None,
+            checks,
+            points,
+            f"no model drawn: fitted without S = {worst['steps']}, it predicts {worst['predicted_speedup']:.2f}x "
+            f"there where {worst['measured_speedup']:.2f}x was measured ({worst['relative_error']:+.0%}, beyond "
+            f"±{HELD_OUT_TOLERANCE:.0%})",
+        )
+    return Verdict(model, checks, points)
+
+
+def fit_chain(chain: list[dict], archs) -> tuple[dict, dict, str | None, dict]:
+    """(fits, held-out checks, the arch whose fit later sections use or None, {arch: Verdict}) of the chain runs."""
+    verdicts = {a: fit_or_refuse(rows) for a in archs if (rows := [r for r in chain if r["arch"] == a])}
+    fits = {a: v.model for a, v in verdicts.items() if v.model is not None}
+    checks = {a: v.checks for a, v in verdicts.items() if v.model is not None}
+    model_arch = "eagle3" if "eagle3" in fits else next(iter(fits), None)
+    return fits, checks, model_arch, verdicts
+
+
+def refusals(verdicts: dict) -> str:
+    """One line per arch whose model is not drawn, saying why ("" when every fit holds)."""
+    return "\n".join(f"{arch}: {v.reason}" for arch, v in verdicts.items() if v.model is None)
+
+
+def figure(verdicts: dict, setting: str):
+    """eagle3's (else the first arch's) measured runs as dots, with the model's line for each of their chain
+    lengths when a model is drawn; otherwise the dots and the one line that says why none is. None: no runs."""
+    import matplotlib.pyplot as plt
+
+    if not verdicts:
+        return None
+    arch = "eagle3" if "eagle3" in verdicts else next(iter(verdicts))
+    verdict = verdicts[arch]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    steps = sorted({p["steps"] for p in verdict.points})
+    if verdict.model is not None:
+        plot(
+            ax,
+            verdict.model,
+            steps,
+            verdict.checks,
+            title=f"{arch} on {setting}: v={verdict.model.verify_cost:.2f}, c={verdict.model.draft_cost:.3f}",
+        )
+        return fig
+    for s in steps:
+        pts = [p for p in verdict.points if p["steps"] == s]
+        ax.scatter([p["tokens_per_cycle"] for p in pts], [p["measured_speedup"] for p in pts], label=f"S={s}", zorder=3)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("acceptance length (tokens per verify step)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(f"{arch} on {setting}: measured runs")
+    if steps:
+        ax.legend()
+    ax.text(0.0, -0.16, verdict.reason, transform=ax.transAxes, va="top", ha="left", wrap=True, color="tab:red")
+    return fig
+
+
 def worked_example(
     baseline_tps: float = 90.0,
     spec_tps: float = 82.3,
@@ -163,8 +284,10 @@ def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, t
     """Break-even curves (one per S) with measured runs as points (measured_speedup vs tokens/cycle)."""
     for s in steps_list:
         x, y = curve(model, s)
-        (line,) = ax.plot(x, y, label=f"S={s} (break-even L={model.breakeven(s):.2f})")
         pts = [m for m in (measured or []) if m["steps"] == s and m["measured_speedup"]]
+        miss = [m["relative_error"] for m in pts if m.get("held_out") and m.get("relative_error") is not None]
+        note = f", held-out miss {max(miss, key=abs):+.0%}" if miss else ""
+        (line,) = ax.plot(x, y, label=f"S={s} (break-even L={model.breakeven(s):.2f}{note})")
         if pts:
             ax.scatter(
                 [m["tokens_per_cycle"] for m in pts],
@@ -176,7 +299,7 @@ def plot(ax, model: CostModel, steps_list, measured: list[dict] | None = None, t
     ax.set_xlabel("acceptance length (tokens per verify step)")
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(title or f"break-even model: v={model.verify_cost:.2f}, c={model.draft_cost:.3f}")
-    ax.legend(fontsize=7)
+    ax.legend()
     explain(ax)
 
 

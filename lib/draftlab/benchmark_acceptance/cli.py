@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from draftlab.benchmark_acceptance.cost_cli import add_bench_cost_parser  # noqa: F401 (the command table)
+from draftlab.benchmark_acceptance.eval_suite import format_table, is_suite, per_set_results, prepare
 from draftlab.benchmark_acceptance.live import (
     compare_live,
     load_eval_set,
@@ -45,13 +47,27 @@ def _eval_prompts(name: str, run_dir, limit) -> list[dict]:
     Called before any model or server is touched, so a mistyped path costs no model load.
     """
     path = Path(name)
-    if name not in ("humaneval", "blend") and not path.is_file():
+    if name not in ("humaneval", "blend") and not is_suite(name) and not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise RecordError(f"--eval-set {name}: {what}; use humaneval, blend, or a canonical .jsonl file")
     try:
         return load_eval_set(name, run_dir, limit)
     except (FileNotFoundError, ValueError) as exc:
         raise RecordError(f"--eval-set {name}: {exc}") from exc
+
+
+def _eval_groups(args) -> tuple[list[tuple[str, list]], list | None]:
+    """[(set name, prompts)]: the one set, or each set of a suite (eval_suite: decontaminated against
+    --train-data, --samples prompts per set); and the suite's sets (None for a single set)."""
+    if not is_suite(args.eval_set):
+        return [
+            (args.eval_set, [p["messages"] for p in _eval_prompts(args.eval_set, args.run_dir, args.samples)])
+        ], None
+    try:
+        sets, _ = prepare(args.eval_set, args.run_dir, args.train_data, args.samples)
+    except (FileNotFoundError, ValueError) as exc:
+        raise RecordError(f"--eval-set {args.eval_set}: {exc}") from exc
+    return [(s.name, [p["messages"] for p in s.prompts]) for s in sets], sets
 
 
 def _check_draft(folder: str) -> None:
@@ -90,7 +106,7 @@ def bench_live(args: argparse.Namespace) -> int:
             Path(args.plan).write_text(json.dumps(plan, indent=2))
             print(f"wrote {args.plan}")
         return 0
-    prompts = [p["messages"] for p in _eval_prompts(args.eval_set, args.run_dir, args.samples)]
+    groups, sets = _eval_groups(args)
     if args.plan and not args.baseline:
         try:
             plan = json.loads(Path(args.plan).read_text())
@@ -109,14 +125,23 @@ def bench_live(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         meta_info=not args.no_meta_info,
     )
-    if args.plan and not args.baseline:
-        table, windows = run_sweep(plan, prompts, eval_set=args.eval_set, **kw)
-    else:
-        if not args.baseline:
-            raise SystemExit("give --baseline URL (and --spec LABEL=URL ...), or --plan plan.json")
-        specs = dict(s.split("=", 1) if "=" in s else (s, s) for s in args.spec)
-        table, windows = compare_live(args.baseline, specs, prompts, eval_set=args.eval_set, **kw)
+    if not (args.plan or args.baseline):
+        raise SystemExit("give --baseline URL (and --spec LABEL=URL ...), or --plan plan.json")
     import pandas as pd
+
+    tables, windows = [], []
+    for name, prompts in groups:
+        if args.plan and not args.baseline:
+            table, got = run_sweep(plan, prompts, eval_set=name, **kw)
+        else:
+            specs = dict(s.split("=", 1) if "=" in s else (s, s) for s in args.spec)
+            table, got = compare_live(args.baseline, specs, prompts, eval_set=name, **kw)
+        tables.append(table)
+        windows += got
+    table = pd.concat(tables, ignore_index=True)
+    if sets is not None:
+        for (label, conc), g in table.groupby(["label", "concurrency"], sort=False):
+            print(format_table(per_set_results(g.to_dict("records"), sets), f"{label} c={conc}"))
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.to_string(index=False))
@@ -133,9 +158,16 @@ def add_bench_live_parser(subparsers) -> None:
     p.add_argument("--baseline", help="URL of the plain target server (same --max-running-requests)")
     p.add_argument("--spec", action="append", default=[], help="LABEL=URL of a speculative server (repeatable)")
     p.add_argument("--model", default="default", help="the `model` field of requests")
-    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend | file.jsonl")
+    p.add_argument(
+        "--eval-set",
+        default="humaneval",
+        help="humaneval | blend | file.jsonl | suite[:NAME,...] (a table per set) | traffic:REQUESTS.jsonl",
+    )
     p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
-    p.add_argument("--samples", type=int, default=None, help="first N prompts of the set (default all)")
+    p.add_argument("--samples", type=int, default=None, help="first N prompts of the set (suite: of each set)")
+    p.add_argument(
+        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
+    )
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=4)
@@ -164,39 +196,40 @@ def bench_specdec(args: argparse.Namespace) -> int:
     The draft folder and the evaluation set are checked first: loading the target takes seconds
     to minutes, and a mistyped path should not cost them."""
     _check_draft(args.draft)
-    name, prompts = args.eval_set, [p["messages"] for p in _eval_prompts(args.eval_set, args.run_dir, args.samples)]
+    groups, sets = _eval_groups(args)
     torch.set_num_threads(args.threads)
     target = load_target(args.target, device=args.device, dtype=args.dtype)
     draft = load_draft(args.draft, target)
-    ids = encode_prompts(target, prompts)
     steps = [int(s) for s in args.steps.split(",")]
     rows = []
     graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
-    if args.topk == 1:
-        rows = chain_sweep(
-            target,
-            draft,
-            ids,
-            steps,
-            args.mode,
-            args.max_new_tokens,
-            name,
-            cuda_graphs=graphs,
-            prefill_bucket=args.prefill_bucket,
-        )
-    else:
-        for s in steps:
-            cfg = SpecConfig(
-                mode=args.mode,
-                num_steps=s,
-                topk=args.topk,
-                num_draft_tokens=args.num_draft_tokens,
-                max_new_tokens=args.max_new_tokens,
+    for name, prompts in groups:
+        ids = encode_prompts(target, prompts)
+        if args.topk == 1:
+            rows += chain_sweep(
+                target,
+                draft,
+                ids,
+                steps,
+                args.mode,
+                args.max_new_tokens,
+                name,
                 cuda_graphs=graphs,
                 prefill_bucket=args.prefill_bucket,
-                draft_tree_attention=args.draft_tree_attention,
             )
-            rows.append(public(compare(target, draft, ids, cfg, name)))
+        else:
+            for s in steps:
+                cfg = SpecConfig(
+                    mode=args.mode,
+                    num_steps=s,
+                    topk=args.topk,
+                    num_draft_tokens=args.num_draft_tokens,
+                    max_new_tokens=args.max_new_tokens,
+                    cuda_graphs=graphs,
+                    prefill_bucket=args.prefill_bucket,
+                    draft_tree_attention=args.draft_tree_attention,
+                )
+                rows.append(public(compare(target, draft, ids, cfg, name)))
     for r in rows:
         print(
             f"{r['eval_set']} n={r['samples']} {r['mode']} S={r['num_steps']} K={r['topk']} "
@@ -206,6 +239,8 @@ def bench_specdec(args: argparse.Namespace) -> int:
             f"(decode {r['decode_speedup']:.3f}x), lossless {r['identical_outputs']}/{r['samples']}",
             flush=True,
         )
+    for s in dict.fromkeys(r["num_steps"] for r in rows) if sets is not None else ():
+        print(format_table(per_set_results([r for r in rows if r["num_steps"] == s], sets), f"S={s}"))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rows, indent=2, default=str))
@@ -238,7 +273,12 @@ def add_bench_specdec_parser(subparsers) -> None:
         help="trees: what a draft beam attends to, SGLang's per-slot KV (default) or its own ancestors",
     )
     p.add_argument(
-        "--eval-set", default="humaneval", help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl"
+        "--eval-set",
+        default="humaneval",
+        help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl | suite[:NAME,...] | traffic:FILE",
+    )
+    p.add_argument(
+        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
     )
     p.add_argument("--run-dir", default="results/dev")
     p.add_argument("--samples", type=int, default=20)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from draftlab.benchmark_acceptance.eval_suite import interleave, is_suite, load_suite
 from draftlab.core.acceptance import acceptance_length as core_acceptance
 from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl
@@ -63,7 +64,10 @@ def jsonl_prompts(path: str | Path, limit: int | None = None, source: str | None
 
 
 def load_eval_set(name: str, run_dir: str | Path | None = None, limit: int | None = None) -> list[dict]:
-    """`humaneval`, `blend` (RUN_DIR/data/blend/test.jsonl from notebook 02), or a canonical JSONL path."""
+    """`humaneval`, `blend` (RUN_DIR/data/blend/test.jsonl from notebook 02), a canonical JSONL path, or
+    a suite (`suite`, `suite:NAMES`, `traffic:PATH`: eval_suite; its sets interleaved, each row's `set`)."""
+    if is_suite(name):
+        return interleave(load_suite(name, run_dir))[:limit]
     if name == "humaneval":
         return humaneval_prompts(limit)
     if name == "blend":
@@ -74,7 +78,9 @@ def load_eval_set(name: str, run_dir: str | Path | None = None, limit: int | Non
     path = Path(name)
     if path.suffix == ".jsonl" and path.is_file():
         return jsonl_prompts(path, limit)
-    raise ValueError(f"unknown evaluation set {name!r}: use humaneval, blend, or a .jsonl file")
+    raise ValueError(
+        f"unknown evaluation set {name!r}: use humaneval, blend, suite[:NAMES], traffic:PATH or a .jsonl file"
+    )
 
 
 # --------------------------------------------------------------------------- response parsing

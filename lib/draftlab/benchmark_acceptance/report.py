@@ -13,6 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from draftlab.run import notebook as nb
+from draftlab.run import settings
+
 
 def label(row: dict) -> str:
     tree = f" K={row['topk']} D={row['num_draft_tokens']}" if row["topk"] > 1 else ""
@@ -82,7 +85,7 @@ def plot_acceptance_by_set(rows: list[dict]):
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_ylabel("acceptance length")
     ax.set_title("acceptance length by evaluation set")
-    ax.legend(fontsize=7)
+    ax.legend()
     return fig
 
 
@@ -104,7 +107,7 @@ def plot_acceptance_by_chain(rows: list[dict]):
     ax.set_xlabel("chain length S (draft steps)")
     ax.set_ylabel("acceptance length")
     ax.set_title("acceptance length by chain length")
-    ax.legend(fontsize=7)
+    ax.legend()
     return fig
 
 
@@ -175,7 +178,6 @@ def plot_speedup_by_chain(rows: list[dict], note: str = ""):
                     (steps, speedup),
                     textcoords="offset points",
                     xytext=(6, 4),
-                    fontsize=7,
                     color="tab:red",
                 )
             if k > 1:
@@ -189,7 +191,7 @@ def plot_speedup_by_chain(rows: list[dict], note: str = ""):
     ax.set_xlabel("chain length S (draft steps)")
     ax.set_ylabel("speedup over greedy (same engine, dtype)")
     ax.set_title("batch-1 speedup by chain length" + (f"\n{note}" if note else ""), fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -208,7 +210,7 @@ def plot_position_acceptance(rows: list[dict]):
     ax.set_xlabel("draft position i")
     ax.set_ylabel("a_i = P(accepted | all before accepted)")
     ax.set_title("per-position acceptance")
-    ax.legend(fontsize=7)
+    ax.legend()
     return fig
 
 
@@ -217,17 +219,17 @@ def plot_throughput(rows: list[dict]):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rows)), 4.2))  # room for a legible label per run
     names = [f"{label(r)}\n{r['eval_set']}" for r in rows]
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r["greedy"]["tokens_per_s"] for r in rows], 0.4, label="greedy (same engine)")
     ax.bar(x + 0.2, [r["speculative"]["tokens_per_s"] for r in rows], 0.4, label="speculative")
     for i, r in enumerate(rows):
-        ax.text(i + 0.2, r["speculative"]["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, names, fontsize=6, rotation=30, ha="right")
+        ax.text(i + 0.2, r["speculative"]["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom")
+    ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("tokens/s (batch 1)")
     ax.set_title(f"throughput on {rows[0]['device']} ({rows[0]['dtype']})")
-    ax.legend(fontsize=7)
+    ax.legend()
     return fig
 
 
@@ -253,6 +255,18 @@ def rows_digest(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def figure_run(run_dir: Path, metrics06: dict):
+    """The notebook Run a figure of this run folder's 06 section is stamped and captioned as."""
+    have = settings.run_settings(run_dir) or {}
+    target, profile = have.get("TARGET", "unknown"), have.get("PROFILE")
+    caveat = "; ".join(c for c in (settings.caveat(target), profile and settings.scale_caveat(profile)) if c)
+    params = {"TARGET": target, "PROFILE": profile or "unknown"}
+    run = nb.Run("06_benchmark_acceptance", run_dir, params, str(metrics06.get("device", "unknown")), caveat or None)
+    sets = ", ".join(f"{name} n={n}" for name, n in (metrics06.get("eval_sets") or {}).items())
+    run.source = f"draftlab engine ({metrics06.get('dtype')}, {metrics06.get('device')}), {sets}"
+    return run
+
+
 def replot_speedup_by_chain(run_dir: str | Path) -> Path:
     """RUN_DIR/figures/readme/06_speedup_by_chain.png from RUN_DIR/metrics.json (no engine run)."""
     import matplotlib
@@ -261,11 +275,13 @@ def replot_speedup_by_chain(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = speedup_rows(json.loads((run_dir / "metrics.json").read_text())["06_benchmark_acceptance"])
+    metrics06 = json.loads((run_dir / "metrics.json").read_text())["06_benchmark_acceptance"]
+    rows = speedup_rows(metrics06)
     fig = plot_speedup_by_chain(rows, note=f"{run_dir.name}: drawn from metrics.json by `make readme`")
     out = run_dir / README_FIGURE
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"draftlab:rows_sha256": rows_digest(rows)})
+    meta = nb.finish_figure(figure_run(run_dir, metrics06), fig)
+    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={**meta, "draftlab:rows_sha256": rows_digest(rows)})
     plt.close(fig)
     return out
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftlab.benchmark_acceptance.breakeven import check, fit_from_runs
-from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, plot_breakeven_beside, read_windows, summarize
+from draftlab.benchmark_acceptance.breakeven import as_dict, fit_or_refuse
+from draftlab.benchmark_acceptance.report import figure_run
+from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, read_windows, summarize
+from draftlab.run.notebook import finish_figure
 
-__all__ = ["engine_chain_rows", "draw_study_figures"]
+__all__ = ["engine_chain_rows", "draw_study_figures", "engine_vs_sglang", "plot_predicted_vs_measured"]
 
 
 def engine_chain_rows(sglang_dir: Path) -> list[dict]:
@@ -54,7 +56,7 @@ def _by_concurrency(study: Path, table, ax) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tok/s (median window; bars: slowest to fastest)")
-    ax.legend(fontsize=7)
+    ax.legend()
 
 
 def _acceptance_by_steps(sglang_dir: Path, table, ax) -> None:
@@ -75,13 +77,80 @@ def _acceptance_by_steps(sglang_dir: Path, table, ax) -> None:
         ax.annotate(
             f"tree {int(r.steps)}x{int(r.topk)}x{int(r.draft_tokens)}",
             (r.steps, r.acceptance_length),
-            fontsize=7,
             xytext=(4, 2),
             textcoords="offset points",
         )
     ax.set_xlabel("draft steps S")
     ax.set_ylabel("acceptance length (tokens per verify)")
-    ax.legend(fontsize=7)
+    ax.legend()
+
+
+def run_label(r: dict) -> str:
+    """S, plus the tree's top-k or an algorithm other than EAGLE3 (the wrong flag) where a run has them."""
+    topk, algorithm = r.get("topk") or 1, r.get("algorithm")
+    return (
+        f"S={r['steps']}"
+        + (f" topk {topk}" if topk > 1 else "")
+        + (f" {algorithm}" if algorithm not in (None, "EAGLE3") else "")
+    )
+
+
+def plot_predicted_vs_measured(engine_model, engine_checks: list, server_model, server_rates: list):
+    """Each measured run against the break-even model at its own chain length: predicted speedup over the
+    measured one, the diagonal where they agree, each dot labelled with its S, the largest miss in the legend.
+    (One curve for one S drawn against the dots of every S compared each run with a model it was not.)
+    The engine's predictions are held out (each S from the fit of the others) when its checks are; SGLang's
+    are in-sample (its fit of these chain runs)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 5.0))
+    values = []
+    for name, model, points in (("engine", engine_model, engine_checks), ("SGLang", server_model, server_rates)):
+        pts = [r for r in points if r.get("measured_speedup") and r.get("predicted_speedup") is not None]
+        if model is None or not pts:
+            continue
+        held = all(r.get("held_out") for r in pts)
+        miss = max(pts, key=lambda r: abs(r["predicted_speedup"] / r["measured_speedup"] - 1))
+        err = miss["predicted_speedup"] / miss["measured_speedup"] - 1
+        label = (
+            f"{name}: v={model.verify_cost:.2f}, c={model.draft_cost:.3f}; "
+            f"{'held-out' if held else 'chains in-sample'}, largest miss {err:+.0%} at S={miss['steps']}"
+        )
+        dots = ax.scatter([r["measured_speedup"] for r in pts], [r["predicted_speedup"] for r in pts], label=label)
+        for r in pts:
+            ax.annotate(
+                run_label(r),
+                (r["measured_speedup"], r["predicted_speedup"]),
+                textcoords="offset points",
+                xytext=(4, 3),
+                color=dots.get_facecolor()[0],
+            )
+        values += [r["measured_speedup"] for r in pts] + [r["predicted_speedup"] for r in pts]
+    if values:
+        lo, hi = min(values) * 0.9, max(values) * 1.1
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--", label="prediction = measurement")
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.14))  # below the axes: no dot hidden
+    ax.set_xlabel("measured speedup over the same engine's plain decoding")
+    ax.set_ylabel("break-even model's prediction at the run's own S and L")
+    ax.set_title("break-even model against every measured run, engine and SGLang")
+    return fig
+
+
+def sglang_source(study: Path) -> str:
+    """'SGLang <version> (<study folder>)': the version RUN/sglang/version.txt recorded on the GPU, if any."""
+    version = Path(study).parent / "version.txt"
+    name = f"SGLang {version.read_text().strip()}" if version.is_file() else "SGLang (version not recorded)"
+    return f"{name}, study {'/'.join(Path(study).parts[-3:])}"
+
+
+def engine_vs_sglang(study: Path, engine_model, engine_checks: list):
+    """(SGLang's fitted model with its rates, the predicted-vs-measured figure beside the engine's);
+    (None, None) when `study` holds no windows."""
+    if not (Path(study) / "windows.jsonl").is_file():
+        return None, None
+    server_model, server_rates = fit_server_costs(study)
+    fig = plot_predicted_vs_measured(engine_model, engine_checks, server_model, server_rates)
+    return {"model": as_dict(server_model), "rates": server_rates}, fig
 
 
 def draw_study_figures(run: str | Path, steps: int = 6) -> list[Path]:
@@ -110,13 +179,15 @@ def draw_study_figures(run: str | Path, steps: int = 6) -> list[Path]:
 
     server_model, server_rates = fit_server_costs(study)
     engine_rows = engine_chain_rows(sglang_dir)
-    engine_model = fit_from_runs(engine_rows) if len({r["num_steps"] for r in engine_rows}) > 1 else None
-    engine_checks = check(engine_rows, engine_model) if engine_model else []
-    fig3 = plot_breakeven_beside(engine_model, engine_checks, server_model, server_rates, steps)
+    verdict = fit_or_refuse(engine_rows)  # the engine's model only where its held-out check holds
+    fig3 = plot_predicted_vs_measured(verdict.model, verdict.checks, server_model, server_rates)
     written.append(figures / "sglang_breakeven_engine_vs_sglang.png")
 
+    metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
+    stamped = figure_run(run, metrics.get("06_benchmark_acceptance") or {})  # the run's target, profile, stamps
     for f, path in zip((fig, fig2, fig3), written):
         f.tight_layout()
-        f.savefig(path, dpi=110)
+        meta = finish_figure(stamped, f, source=sglang_source(study))
+        f.savefig(path, dpi=110, bbox_inches="tight", metadata=meta)
         plt.close(f)
     return written

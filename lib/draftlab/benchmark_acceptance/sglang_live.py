@@ -38,6 +38,7 @@ from draftlab.benchmark_acceptance.live import (
 )
 from draftlab.core.process import ServerStartError, stop_stale
 from draftlab.core.records import append_jsonl, read_jsonl
+from draftlab.core.stop import graceful_stop
 from draftlab.sglang.server import SGLangServer
 
 __all__ = [
@@ -216,7 +217,6 @@ def measure(
     env: dict | None = None,
     python: str | None = None,
     startup_timeout: float = 900.0,
-    deadline: float | None = None,
     samples: int | None = None,
     server=None,
 ) -> list[str]:
@@ -225,11 +225,18 @@ def measure(
     after `warmup` unmeasured windows each). Why rounds: windows of one server taken back to back drift
     together (2026-12-03, one server after another: a draft with base's acceptance read 0.75x base's
     batch-1 tok/s), so each server's windows are spread over the same stretch of time as the others'.
-    All servers stay up until the last round. Returns the labels measured now. `deadline`
-    (time.time()) is checked before every server's turn: an entry with a round done counts as measured
-    (its windows so far), one with none stays for the rerun. `server(entry, log_path)` builds the
-    server process (default: an SGLangServer from the entry's launch command)."""
-    out = Path(out)
+    All servers stay up until the last round. Returns the labels measured now. A first SIGTERM/SIGINT
+    lets the server's turn in progress finish (its windows are appended as they end), stops every server
+    and raises core.stop.Stopped: an entry with a round done counts as measured (its windows so far),
+    one with none is measured by the rerun. `server(entry, log_path)` builds the server process
+    (default: an SGLangServer from the entry's launch command)."""
+    with graceful_stop(f"rerun the same command to continue (windows so far: {Path(out) / 'windows.jsonl'})") as stop:
+        return _measure(entries, prompt_ids, Path(out), repeats, warmup, max_new_tokens, env, python,
+                        startup_timeout, samples, server, stop)  # fmt: skip
+
+
+def _measure(entries, prompt_ids, out, repeats, warmup, max_new_tokens, env, python, startup_timeout, samples, server,
+             stop) -> list[str]:  # fmt: skip
     stop_stale()
     todo = [e for e in entries if e.label not in _done_labels(out)]
     server = server or (
@@ -242,6 +249,8 @@ def measure(
             srv.launch()
         running = []
         for e in todo:  # all up before the first window: start-up (graph capture) would disturb it
+            if stop:
+                stop.stopped(f"SGLang measurement {out}: before {e.label} was ready")
             try:
                 servers[e.label].wait_ready()
                 running.append(e)
@@ -251,9 +260,8 @@ def measure(
                 print(f"{e.label}: did not start: {str(exc).splitlines()[0]}", flush=True)
         for rnd in range(repeats):
             for e in list(running):
-                if deadline is not None and time.time() > deadline:
-                    print(f"deadline: round {rnd + 1} of {repeats} stopped before {e.label}", flush=True)
-                    return measured
+                if stop:
+                    stop.stopped(f"SGLang measurement {out}: round {rnd + 1} of {repeats}, before {e.label}")
                 if _measure_turn(
                     servers[e.label], e, rnd, prompt_ids, out, warmup if rnd == 0 else 0, max_new_tokens, samples
                 ):

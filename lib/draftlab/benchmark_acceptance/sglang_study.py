@@ -20,11 +20,11 @@ import json
 import re
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 
+from draftlab.benchmark_acceptance.eval_suite import interleave, is_suite, plan_fields, prepare, report_sglang
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
 from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures
 from draftlab.benchmark_acceptance.sglang_live import PER_STREAM, Entry, measure, summarize
@@ -158,9 +158,15 @@ def bench_sglang(args: argparse.Namespace) -> int:
         raise InputError("bench sglang: give --model-path and --draft (or --summary-only)")
     concurrency = _ints(args.concurrency)
     # concurrency c gets PER_STREAM * c prompts (sglang_live.measure_server); batch 1 the first --samples
-    prompts = load_eval_set(args.eval_set, args.run_dir, max(args.samples, PER_STREAM * max(concurrency)))
-    if len(prompts) < args.samples:
-        raise InputError(f"{args.eval_set}: {len(prompts)} prompts, fewer than --samples {args.samples}")
+    suite = None
+    if is_suite(args.eval_set):  # --samples prompts of each set (eval_suite), all of them measured at batch 1
+        sets, report = prepare(args.eval_set, args.run_dir, args.train_data, args.samples)
+        prompts, suite = interleave(sets), plan_fields(sets, report)
+        args.samples = len(prompts)
+    else:
+        prompts = load_eval_set(args.eval_set, args.run_dir, max(args.samples, PER_STREAM * max(concurrency)))
+        if len(prompts) < args.samples:
+            raise InputError(f"{args.eval_set}: {len(prompts)} prompts, fewer than --samples {args.samples}")
     tokenizer = load_tokenizer(args.model_path)
     ids = encode_prompts(tokenizer, [p["messages"] for p in prompts])
     server_flags = tuple(shlex.split(args.server_flags))
@@ -185,6 +191,7 @@ def bench_sglang(args: argparse.Namespace) -> int:
             {
                 "eval_set": args.eval_set,
                 "samples": args.samples,
+                **(suite or {}),
                 "per_stream": PER_STREAM,
                 "prompt_ids": ids,
                 "entries": [e.__dict__ for e in entries],
@@ -198,7 +205,6 @@ def bench_sglang(args: argparse.Namespace) -> int:
         )
     )
     env = server_env(args.prefix) if args.prefix else None
-    deadline = time.time() + args.budget_s if args.budget_s else None
     measure(
         entries,
         ids,
@@ -209,13 +215,14 @@ def bench_sglang(args: argparse.Namespace) -> int:
         env=env,
         python=args.python,
         startup_timeout=args.startup_timeout,
-        deadline=deadline,
         samples=args.samples,
     )
     if not (out / "windows.jsonl").is_file():
         raise RunFailure(f"{out}: no server was measured; why each did not start: {out / 'failures.jsonl'}")
     table = summarize(out)
     table.to_csv(out / "summary.csv", index=False)
+    if suite:
+        print(f"wrote {report_sglang(out)}")
     print(f"wrote {write_summary(out.parents[1])}")
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.to_string(index=False))
@@ -238,9 +245,16 @@ def add_bench_sglang_parser(subparsers) -> None:
     )
     p.add_argument("--model-path", help="the target's HF folder (served and tokenised)")
     p.add_argument("--draft", help="exported EAGLE-3 draft folder")
-    p.add_argument("--eval-set", default="humaneval", help="humaneval | blend | file.jsonl")
+    p.add_argument(
+        "--eval-set",
+        default="humaneval",
+        help="humaneval | blend | file.jsonl | suite[:NAME,...] | traffic:FILE (a suite: OUT/eval_suite.json per set)",
+    )
+    p.add_argument(
+        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
+    )
     p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
-    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--samples", type=int, default=64, help="prompts at batch 1 (a suite: per set, all measured)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", default="1,2,3,4,5,6,7", help="chain lengths S measured at batch 1")
     p.add_argument("--main-steps", type=int, default=6, help="the chain S also measured at every concurrency")
@@ -277,7 +291,6 @@ def add_bench_sglang_parser(subparsers) -> None:
     p.add_argument("--prefix", help="offline SGLang install (draftlab sglang install) put first on PYTHONPATH")
     p.add_argument("--python", default=None, help="interpreter that runs the servers (default: this one)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--budget-s", type=float, default=0, help="stop before the next server after this many seconds")
     p.add_argument(
         "--out",
         required=True,

@@ -8,6 +8,7 @@ import sys
 
 from draftlab.blend.bench import bench_blend
 from draftlab.blend.pipeline import blend
+from draftlab.core.options import interruptible, number, one_line_errors
 from draftlab.core.records import RecordError
 
 # -------------------------------------------------------------------------------------- CLI
@@ -18,9 +19,10 @@ def add_blend_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("spec", help="blend spec YAML (e.g. params/blend-offline.yaml)")
     p.add_argument("--out", required=True, help="output folder (RUN_DIR/data/blend)")
     p.add_argument("--target", default="embedded", help="target whose tokenizer filters lengths (default embedded)")
-    p.add_argument("--total", type=int, default=None, help="override the spec's total")
-    p.add_argument("--seed", type=int, default=None, help="override the spec's seed")
-    p.set_defaults(func=_cmd_blend)
+    p.add_argument("--total", type=number(int, 1), default=None, help="override the spec's total")
+    p.add_argument("--seed", type=number(int, 0), default=None, help="override the spec's seed")
+    one_line_errors(p)
+    p.set_defaults(func=interruptible(_cmd_blend, lambda args: f"{args.out} holds only whole files"))
     return p
 
 

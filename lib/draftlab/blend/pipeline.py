@@ -27,6 +27,7 @@ from draftlab.blend.spec import (
     load_source,
     load_spec,
     quotas,
+    refuse_empty,
     spec_sha256,
 )
 from draftlab.blend.text import (
@@ -331,6 +332,7 @@ def blend(
         quota=want,
         progress=progress,
     )
+    refuse_empty(result.splits, result.dropped, len(conversations), len(rejects), spec_path)
     t = time.perf_counter()
     bins = histogram_bins(spec["filters"]["max_tokens"])
     per_source = defaultdict(lambda: {s: 0 for s in SPLITS})

@@ -15,6 +15,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -23,6 +25,7 @@ from draftlab.core.paths import repo_path
 from draftlab.core.records import RecordError, read_jsonl, write_jsonl
 from draftlab.dataset_discovery import offline
 from draftlab.dataset_discovery import sources as S
+from draftlab.dataset_discovery.traffic import read_traffic
 
 SPLITS = ("train", "val", "test")
 RULES = ("exact_duplicate", "min_tokens", "max_tokens", "near_duplicate", "contaminated", "not_selected")
@@ -63,7 +66,7 @@ SOURCE_KEYS = {
     "path",
     "required",
 }
-KINDS = ("docstrings", "humaneval", "hub", "local")
+KINDS = ("docstrings", "humaneval", "hub", "local", "traffic")  # traffic: served requests (dataset_discovery.traffic)
 SPLIT_BY = ("id", "definition")  # what a conversation's split is drawn from (blend.text.split_key)
 DEFAULTS = {
     "seed": 0,
@@ -165,11 +168,12 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
             )
         if src.get("pin_split") not in (None, *SPLITS):
             raise BlendSpecError(f"{at}: pin_split must be one of {SPLITS}")
-        for need, kinds in (("hub_id", ("hub",)), ("path", ("local",))):
+        for need, kinds in (("hub_id", ("hub",)), ("path", ("local", "traffic"))):
             if src["kind"] in kinds and not src.get(need):
                 raise BlendSpecError(f"{at}: kind {src['kind']!r} needs {need!r}")
     if spec.get("split_by", "id") not in SPLIT_BY:  # not in DEFAULTS: existing specs keep their hash
         raise BlendSpecError(f"{where}: split_by must be one of {SPLIT_BY}, got {spec['split_by']!r}")
+    _check_numbers(spec, where)
     fractions = spec["splits"]
     if set(fractions) - set(SPLITS) or abs(sum(fractions.values()) - 1.0) > 1e-6:
         raise BlendSpecError(f"{where}: splits must be fractions of {SPLITS} summing to 1, got {fractions}")
@@ -181,6 +185,56 @@ def load_spec(path: str | Path | dict, overrides: dict | None = None, source_ove
                 f"blend's eval sources {eval_sources}"
             )
     return spec
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+# (key path, test, what it must be): every number of a spec; None means the key may be absent/null
+NUMBER_RULES = [
+    (("total",), lambda v: v is None or _is_int(v) and v >= 1, "a whole number >= 1"),
+    (("seed",), lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+    (("oversample",), lambda v: _is_number(v) and v >= 1, "a finite number >= 1"),
+    (("filters", "min_tokens"), lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+    (("filters", "max_tokens"), lambda v: v is None or _is_int(v) and v >= 1, "a whole number >= 1"),
+    (("filters", "max_chars"), lambda v: v is None or _is_int(v) and v >= 1, "a whole number >= 1"),
+    (("dedup", "threshold"), lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    (("dedup", "num_perm"), lambda v: _is_int(v) and v >= 1, "a whole number >= 1 (MinHash permutations)"),
+    (("dedup", "shingle"), lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    (("decontaminate", "ngram"), lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+]
+SOURCE_NUMBERS = {
+    "weight": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+    "count": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+    "max_rows": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "max_per_file": (lambda v: v is None or _is_int(v) and v >= 1, "a whole number >= 1"),
+}
+
+
+def _check_numbers(spec: dict, where: str) -> None:
+    """Every number in its range: a nan, inf, string or negative weight, count or total would
+    otherwise zero a source or the whole blend without a word."""
+    for path, ok, wanted in NUMBER_RULES:
+        value = spec
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not ok(value):
+            raise BlendSpecError(f"{where}: {'.'.join(path)} must be {wanted}, got {value!r}")
+    for i, src in enumerate(spec["sources"]):
+        for key, (ok, wanted) in SOURCE_NUMBERS.items():
+            if key in src and not ok(src[key]):
+                raise BlendSpecError(f"{where}: sources[{i}] ({src['name']}): {key} must be {wanted}, got {src[key]!r}")
+    weighted = [s for s in spec["sources"] if "weight" in s]
+    if weighted and not sum(s["weight"] for s in weighted) > 0:
+        raise BlendSpecError(f"{where}: every source weight is 0, so the blend would be empty; give one a weight > 0")
+    fractions = spec["splits"]
+    if not isinstance(fractions, dict) or not all(_is_number(v) and 0 <= v <= 1 for v in fractions.values()):
+        raise BlendSpecError(f"{where}: splits must be fractions from 0 to 1 of {SPLITS}, got {fractions}")
 
 
 def spec_sha256(spec: dict) -> str:
@@ -200,6 +254,20 @@ def quotas(spec: dict) -> dict[str, int | None]:
         else:
             out[s["name"]] = None
     return out
+
+
+def refuse_empty(splits: dict, dropped: list[dict], loaded: int, rejected: int, spec_path) -> None:
+    """No row in any split: say why (all rejected, or dropped by which rules) before anything is
+    written, so an earlier blend in the folder stays and no empty blend looks like a result."""
+    if any(splits.values()):
+        return
+    where = "spec" if isinstance(spec_path, dict) else str(spec_path)
+    rules = Counter(d["rule"] for d in dropped).most_common(3)
+    why = ", ".join(f"{rule} x{n}" for rule, n in rules) or "none selected"
+    raise BlendSpecError(
+        f"{where}: no rows in any split ({loaded} loaded, {rejected} rejected, dropped: {why}); "
+        f"check the sources, filters and quotas"
+    )
 
 
 # ---------------------------------------------------------------------------------- sources
@@ -233,7 +301,7 @@ def load_source(src: dict, spec: dict, limit: int | None, cache: Path | None = N
 
 def _fingerprint(src: dict) -> str:
     """What makes a cached source stale: the local file's size and mtime, or the installed versions."""
-    if src["kind"] == "local":
+    if src["kind"] in ("local", "traffic"):
         path = repo_path(src["path"])
         return f"{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.exists() else "missing"
     if src["kind"] in ("docstrings", "humaneval"):
@@ -262,6 +330,8 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
         )
         info["versions"] = offline.package_versions(rows)
         return _checked(rows, name, max_chars)
+    if kind == "traffic":  # OpenAI chat requests or SGLang's JSON request log; bad rows become rejects
+        return read_traffic(repo_path(src["path"]), source=name, limit=limit)
     if kind == "local":
         path = repo_path(src["path"])
         if not path.exists():

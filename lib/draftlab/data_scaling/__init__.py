@@ -48,7 +48,7 @@ from draftlab.data_scaling.plan import (  # noqa: F401
     recipe_from_04,
     settings_key,
 )
-from draftlab.data_scaling.size_curve import sglang_size_curve, size_curve_lines  # noqa: F401
+from draftlab.data_scaling.sglang_curve import read_size_curve, size_curve_figures, size_curve_lines  # noqa: F401
 from draftlab.data_scaling.study import (  # noqa: F401
     StudySettings,
     points_from_04,

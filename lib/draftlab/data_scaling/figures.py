@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from draftlab.data_scaling.fits import MODELS
+from draftlab.data_scaling.fits import MODELS, refusal
 from draftlab.data_scaling.plan import ARCHS
 
 
@@ -31,6 +31,9 @@ def plot_scaling(
     if not n_all:
         ax.text(0.5, 0.5, "no finished subsets yet", ha="center", transform=ax.transAxes)
         return fig
+    why_not = refusal(fits)
+    if why_not:  # the points alone, at their own scale, and the one line that says why no curve is drawn
+        factor = 1.0
     grid = np.geomspace(min(n_all), factor * max(n_all), 120)
     for arch in ARCHS:
         rows = sorted((r for r in results if r["arch"] == arch), key=lambda r: r["n"])
@@ -67,9 +70,12 @@ def plot_scaling(
             ax.plot(grid, fit.predict(grid), style, color=c, lw=1.2, alpha=0.9, label=label)
             lo, hi = fit.band(grid)
             ax.fill_between(grid, lo, hi, color=c, alpha=0.12 if model == "loglinear" else 0.06)
-    ax.axvline(max(n_all), color="grey", lw=0.8, ls=":")
-    ax.axvline(factor * max(n_all), color="grey", lw=0.8, ls=":")
-    ax.text(factor * max(n_all), ax.get_ylim()[0], f" {factor:g}x", color="grey", va="bottom")
+    if why_not:
+        ax.text(0.0, -0.2, why_not, transform=ax.transAxes, va="top", ha="left", wrap=True, color="tab:red")
+    else:
+        ax.axvline(max(n_all), color="grey", lw=0.8, ls=":")
+        ax.axvline(factor * max(n_all), color="grey", lw=0.8, ls=":")
+        ax.text(factor * max(n_all), ax.get_ylim()[0], f" {factor:g}x", color="grey", va="bottom")
     top = max([r[metric] for r in results if r.get(metric) is not None] + [ax.get_ylim()[1]])
     if goal is not None and top >= 0.6 * goal:
         ax.axhline(goal, color="green", lw=0.8, ls="-.", label=f"goal {goal:g}")
@@ -82,7 +88,7 @@ def plot_scaling(
     what = "simulated from per-position rates" if metric == "sim_accept_len" else metric
     ax.set_ylabel(f"held-out acceptance length\n(dots: {what}; x: real chain decoding)")
     ax.set_title("Acceptance length vs training data (bars and bands: 95%)")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(loc="best")
     ax.grid(alpha=0.3, which="both")
     return fig
 
@@ -136,8 +142,12 @@ def plot_chain_scaling(results: list[dict], chain_fits: dict, factor: float, goa
 
 
 def plot_extrapolation(extra: dict):
-    """Predicted acceptance at 10x data (95% interval) per architecture and fit, with its cost."""
+    """Predicted acceptance at 10x data (95% interval) per architecture and fit, with its cost; None when no
+    fit may be extrapolated (nb.save_figure then saves nothing)."""
     import matplotlib.pyplot as plt  # the kernel's inline backend in a notebook, Agg without a display
+
+    if not any(m.get("ok") for e in extra.values() for m in e.values() if isinstance(m, dict)):
+        return None
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     ticks, labels = [], []
@@ -163,7 +173,7 @@ def plot_extrapolation(extra: dict):
                 + (f", +{cost:.2g} h regen" if cost is not None else "")
             )
             y += 1
-    ax.set_yticks(ticks, labels, fontsize=7)
+    ax.set_yticks(ticks, labels)
     ax.set_xlabel("acceptance length: fitted now (grey) and predicted with more data (95% band)")
     ax.grid(alpha=0.3)
     return fig

@@ -145,8 +145,17 @@ def sim_ceiling(results: list[dict]) -> float | None:
     return ceiling_of(len(r["acc"]) if r.get("acc") else None for r in results)
 
 
-def fit_all(results: list[dict], metric: str = "sim_accept_len", ceiling: float | None = None) -> dict:
-    """{arch: {model: Fit}} over the result rows of each architecture; `ceiling`: the logistic's."""
+# A curve of two or three parameters through three data sizes has at most one point to spare, and
+# its 10x extrapolation and 95% band then rest on the curve's shape, not on the data: below this many
+# sizes nothing is fitted or extrapolated.
+MIN_SIZES = 4
+
+
+def fit_all(
+    results: list[dict], metric: str = "sim_accept_len", ceiling: float | None = None, min_sizes: int = MIN_SIZES
+) -> dict:
+    """{arch: {model: Fit}} over the result rows of each architecture; `ceiling`: the logistic's. Fewer than
+    `min_sizes` distinct sizes: every Fit refused (ok False) with the reason, nothing to extrapolate."""
     fits = {}
     for arch in ARCHS:
         rows = sorted((r for r in results if r["arch"] == arch and r.get(metric) is not None), key=lambda r: r["n"])
@@ -155,8 +164,24 @@ def fit_all(results: list[dict], metric: str = "sim_accept_len", ceiling: float 
         n = [r["n"] for r in rows]
         y = [r[metric] for r in rows]
         se = [r.get(metric + "_se") for r in rows]
+        sizes = sorted(set(n))
+        if len(sizes) < min_sizes:
+            reason = (
+                f"no curve drawn: {len(sizes)} data sizes (n = {', '.join(f'{x:g}' for x in sizes)}); a curve "
+                f"through fewer than {min_sizes} leaves no size to check it on, so nothing is extrapolated"
+            )
+            fits[arch] = {m: Fit(m, [], [], len(n) - MODELS[m][1], 1.0, False, reason) for m in MODELS}
+            continue
         fits[arch] = {m: fit_curve(n, y, se, m, ceiling) for m in MODELS}
     return fits
+
+
+def refusal(fits: dict) -> str:
+    """One line saying why no curve is drawn for any architecture ("" when one is)."""
+    if any(f.ok for by_model in fits.values() for f in by_model.values()):
+        return ""
+    reasons = [f.reason for by_model in fits.values() for f in by_model.values()]
+    return reasons[0] if reasons else "no curve drawn: no finished point"
 
 
 # ---------------------------------------------------------------------------------- costs and extrapolation

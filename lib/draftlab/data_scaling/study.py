@@ -1,4 +1,4 @@
-"""The study itself: train a draft per (architecture, subset size), resumable, within a time budget."""
+"""The study itself: train a draft per (architecture, subset size), resumable; a signal stops it cleanly."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.core.records import append_jsonl
+from draftlab.core.stop import graceful_stop
 from draftlab.data_scaling.evaluate import (
     HeldOut,
     chain_acceptance,
@@ -44,7 +45,6 @@ class StudySettings:
     spec_prompts: int = 0  # 0: no real chain decoding
     spec_steps: int = 6
     spec_max_new_tokens: int = 128
-    time_budget_s: float = 0.0  # 0: no limit; else stop before a subset that would not fit
     seed: int = 0
     side_by_side: bool = False  # train a subset's archs at once, one process each (hidden online)
 
@@ -74,7 +74,6 @@ def study_settings(
     spec_prompts,
     spec_steps,
     spec_max_new_tokens,
-    time_budget_s,
     seed,
     threads: int = 2,
     intermediate_size: int = 0,
@@ -114,7 +113,6 @@ def study_settings(
         spec_prompts=int(spec_prompts),
         spec_steps=int(spec_steps),
         spec_max_new_tokens=int(spec_max_new_tokens),
-        time_budget_s=float(time_budget_s),
         seed=int(seed),
         side_by_side=bool(side_by_side) and hidden == "online",
     ), notes
@@ -122,7 +120,7 @@ def study_settings(
 
 def work_items(plan: StudyPlan, settings: StudySettings) -> list[tuple[str, int]]:
     """(arch, n) in the order they run: smallest subsets first, architectures interleaved, so a
-    time-boxed run still yields comparable points for both."""
+    run stopped early still yields comparable points for both."""
     for a in settings.archs:
         if a not in ARCHS:
             raise ScalingError(f"ARCHS: {a!r} is not one of {ARCHS}")
@@ -144,7 +142,14 @@ def run_study(
     extra_points: already-trained drafts to measure the same way (e.g. notebook 04's, trained on
     all the data with the same recipe): dicts with arch, n, draft_dir, source.
     Returns {"results": rows for this plan's settings, "deferred": items left for a rerun, ...}.
+    A first SIGTERM/SIGINT ends the subset's training step with a checkpoint (or lets a measurement
+    finish) and raises core.stop.Stopped; a rerun continues with the subsets not in results.jsonl.
     """
+    with graceful_stop("rerun to continue: finished subsets are kept in results.jsonl") as stop:
+        return _run_study(target, target_spec, device, plan, out_dir, settings, extra_points, progress, stop)
+
+
+def _run_study(target, target_spec, device, plan, out_dir, settings, extra_points, progress, stop) -> dict:
     out = Path(out_dir)
     # the recipe as a TrainConfig: its defaults where settings.train gives none
     train_cfg = TrainConfig(**{k: v for k, v in settings.train.items() if k in TrainConfig.__dataclass_fields__})
@@ -162,10 +167,6 @@ def run_study(
     prompts = heldout_prompts(target, plan.val_file, settings.spec_prompts) if settings.spec_prompts else None
     have = done_keys(results_path)
     deferred, ran = [], []
-    sec_per_sample: dict[str, float] = {}  # measured wall time per training sample (incl. eval)
-    for r in load_results(results_path):
-        if r.get("source") == "scaling" and r.get("wall_s"):
-            sec_per_sample[r["arch"]] = r["wall_s"] / max(r["n"], 1)
 
     def measure(arch, n, draft_dir, source, extra):
         """Every point is measured from its exported folder (bf16 weights, as a server loads them)."""
@@ -234,17 +235,8 @@ def run_study(
         key = item_key(arch, n)
         if key in have:
             continue
-        elapsed = time.monotonic() - t_start
-        guess = sec_per_sample.get(arch, 0.0) * n
-        # with no measurement yet (guess 0) a subset runs anyway: a killed one resumes from its checkpoints
-        if (
-            (arch, n) not in trained_together
-            and settings.time_budget_s
-            and (ran or guess)
-            and elapsed + guess > settings.time_budget_s
-        ):
-            deferred.append((arch, n))
-            continue
+        if stop:
+            stop.stopped(f"scaling study {out}: {len(ran)} subsets done in this call, before {arch} n={n}")
         cfg, sub = subset_config(arch, n)
         t0 = time.monotonic()
         if settings.side_by_side and (arch, n) not in trained_together:
@@ -285,7 +277,6 @@ def run_study(
         row = measure(arch, kept, draft_dir, "scaling", extra)
         row["wall_s"] = round(train_s + time.monotonic() - t_trained, 2)
         append_jsonl(results_path, [row])
-        sec_per_sample[arch] = row["wall_s"] / max(n, 1)
         ran.append((arch, n))
 
     for point in extra_points or []:
@@ -294,6 +285,8 @@ def run_study(
         )
         if key in done_keys(results_path):
             continue
+        if stop:
+            stop.stopped(f"scaling study {out}: the extra points, before {point['draft_dir']}")
         row = measure(
             point["arch"],
             point["n"],

@@ -158,6 +158,60 @@ def estimate_bytes(num_tokens: int, hidden_size: int, store_aux: bool, dtype: to
     return num_tokens * width * torch.tensor([], dtype=dtype).element_size()
 
 
+# What a store's index.json must agree on for a restart to keep its finished shards.
+STORE_KEYS = ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target", "last")
+# `last` in a store: "pre_norm" (transformers here: the final norm's input, logits = head(norm(last))) or
+# "post_norm" (SGLang's capture: the final norm's output, what its EAGLE worker receives).
+LAST_PRE_NORM, LAST_POST_NORM = "pre_norm", "post_norm"
+
+
+def open_store(out_dir, meta: dict) -> dict:
+    """`meta` (STORE_KEYS + num_samples), with the finished shards of an earlier run of the same job in
+    meta["shards"]; removes a killed run's temp files first. Another job's index is started over."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_leftover_temps(out)
+    meta = {**meta, "shards": []}
+    index_path = out / "index.json"
+    if index_path.is_file():
+        old = json.loads(index_path.read_text())
+        old.setdefault("last", LAST_PRE_NORM)  # stores written before `last` was recorded
+        if all(old.get(k) == meta[k] for k in STORE_KEYS):
+            meta["shards"] = old["shards"]
+        else:
+            print(f"{index_path}: made for other data or settings; recomputing from scratch")
+    return meta
+
+
+def samples_done(meta: dict) -> int:
+    """Samples (in dataset order) the finished shards hold: where a restart continues."""
+    return meta["shards"][-1]["end"] if meta["shards"] else 0
+
+
+def check_free_disk(out_dir, need: float, what: str, instead: str) -> None:
+    """Refuse before the first shard, not at the disk's end (21.6K conversations: 35 GB in bf16)."""
+    free = shutil.disk_usage(out_dir).free
+    if need > free:
+        raise RunFailure(f"{out_dir}: {what} need {need / 1e9:.1f} GB more, {free / 1e9:.1f} GB free ({instead})")
+
+
+def write_shard(out_dir, meta: dict, tensors: dict, start: int, end: int, **extra) -> None:
+    """Samples start..end-1 as one shard (temp name, then renamed), then index.json naming it."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    name = f"shard-{len(meta['shards']):05d}.safetensors"
+    with atomic_path(out / name, suffix=TMP_SUFFIX) as tmp:
+        save_file(tensors, str(tmp))
+    meta["shards"].append({"file": name, "start": start, "end": end, **extra})
+    atomic_write_json(out / "index.json", meta)
+
+
 def precompute_hidden(
     target,
     dataset,
@@ -175,38 +229,23 @@ def precompute_hidden(
     continues after the last finished shard (a shard is written to a temp name, then renamed) and
     first removes the temp files a killed run left (remove_leftover_temps).
     """
-    import json
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_leftover_temps(out)
+    out = out_dir
     layers = list(layers if layers is not None else target.capture_layers)
     lengths = [len(x) for x in dataset["input_ids"]]
-    fp = _ids_fingerprint(dataset)
-    meta = {
-        "layers": layers,
-        "hidden_size": target.hidden_size,
-        "store_aux": store_aux,
-        "dtype": str(dtype),
-        "fingerprint": fp,
-        "num_samples": len(lengths),
-        "target": str(target.name),
-        "shards": [],
-    }
-    index_path = out / "index.json"
-    if index_path.is_file():
-        old = json.loads(index_path.read_text())
-        same = all(
-            old.get(k) == meta[k] for k in ("layers", "hidden_size", "store_aux", "dtype", "fingerprint", "target")
-        )
-        if same:
-            meta["shards"] = old["shards"]
-        else:
-            print(f"{index_path}: made for other data or settings; recomputing from scratch")
-    done = meta["shards"][-1]["end"] if meta["shards"] else 0
+    meta = open_store(
+        out,
+        {
+            "layers": layers,
+            "hidden_size": target.hidden_size,
+            "store_aux": store_aux,
+            "dtype": str(dtype),
+            "fingerprint": _ids_fingerprint(dataset),
+            "num_samples": len(lengths),
+            "target": str(target.name),
+            "last": LAST_PRE_NORM,
+        },
+    )
+    done = samples_done(meta)
     total = sum(lengths)
     est = estimate_bytes(total, target.hidden_size, store_aux, dtype)
     print(
@@ -215,12 +254,8 @@ def precompute_hidden(
         f"{done} samples already done",
         flush=True,
     )
-    need, free = est * sum(lengths[done:]) / max(total, 1), shutil.disk_usage(out).free
-    if need > free:  # fail before the first shard, not at the disk's end (21.6K conversations: 35 GB in bf16)
-        raise RunFailure(
-            f"{out}: the offline hidden states need {need / 1e9:.1f} GB more, {free / 1e9:.1f} GB "
-            "free (train with hidden online, or another hidden_dir)"
-        )
+    need = est * sum(lengths[done:]) / max(total, 1)
+    check_free_disk(out, need, "the offline hidden states", "train with hidden online, or another hidden_dir")
     pad = target.tokenizer.pad_token_id or 0
     bar = tqdm(total=sum(lengths[done:]), unit="tok", desc="hidden states", leave=False)
     start, i = done, done
@@ -245,14 +280,10 @@ def precompute_hidden(
         bar.update(sum(len(r) for r in rows))
         i = j
         if buf_tok >= shard_tokens or i == len(lengths):
-            name = f"shard-{len(meta['shards']):05d}.safetensors"
             tensors = {"last": torch.cat(buf_last)}
             if store_aux:
                 tensors["aux"] = torch.cat(buf_aux)
-            with atomic_path(out / name, suffix=TMP_SUFFIX) as tmp:
-                save_file(tensors, str(tmp))
-            meta["shards"].append({"file": name, "start": start, "end": i})
-            atomic_write_json(index_path, meta)
+            write_shard(out, meta, tensors, start, i)
             start, buf_aux, buf_last, buf_tok = i, [], [], 0
     bar.close()
     return OfflineHidden(out, dataset)
@@ -273,6 +304,7 @@ class OfflineHidden:
             )
         self.meta = meta
         self.layers = meta["layers"]
+        self.last = meta.get("last", LAST_PRE_NORM)  # post_norm: train against a target whose norm is applied
         self.store_aux = meta["store_aux"]
         self.where = []  # sample -> (shard file, token offset, length)
         lengths = [len(x) for x in dataset["input_ids"]]

@@ -182,7 +182,7 @@ def _regenerate_batch_locked(
         target = load_target(target, device=device, dtype=dtype)
     config.model_name = config.model_name if config.model_name != config.model else target.name
     where = f"transformers.generate:{target.device}:{str(target.dtype).replace('torch.', '')}"
-    write_manifest(work, input_path, len(rows), config, "batch", [where])
+    write_manifest(work, input_path, len(rows), config, "batch", [where], rows, state)
     out = Outputs(work, config)
     out.written |= finished
     bar = Progress(stats, progress, desc)
@@ -210,6 +210,9 @@ def _regenerate_batch_locked(
                     if "error" in res:
                         failed[r["id"]] = f"turn {k}: {res['error']}"
                         continue
+                    if not res["text"].strip():  # nothing to train on: a failed row, not a kept one
+                        failed[r["id"]] = f"turn {k}: empty answer (finish_reason {res['finish_reason']!r})"
+                        continue
                     plans[r["id"]][p] = {"role": "assistant", "content": res.pop("text")}
                     res["server"] = where
                     turns[r["id"]].append(res)
@@ -217,7 +220,7 @@ def _regenerate_batch_locked(
             for r in chunk:
                 if r["id"] in failed:
                     stats.errors += 1
-                    stats.error_reasons["prompt too long"] += 1
+                    stats.error_reasons["empty answer" if "empty answer" in failed[r["id"]] else "prompt too long"] += 1
                     out.write_error({"id": r["id"], "reason": failed[r["id"]], "t": time.time()})
                 else:
                     outcome(

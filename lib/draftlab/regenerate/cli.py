@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Iterable
 
-from draftlab.core.errors import InputError, run_command
+from draftlab.core.errors import InputError, RunFailure, run_command
+from draftlab.core.options import interruptible, number, one_line_errors
 from draftlab.core.serve import LocalServer
 from draftlab.model.target import TargetError, load_target, resolve_device, resolve_path
 from draftlab.regenerate import monitor
@@ -32,11 +34,11 @@ from draftlab.sglang.server import TargetServers
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     d = RegenConfig()
     g = p.add_argument_group("sampling and policies (recorded on every row)")
-    g.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    g.add_argument("--temperature", type=float, default=d.temperature)
-    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--max-tokens", type=number(int, 1), default=d.max_tokens)
+    g.add_argument("--temperature", type=number(float, 0), default=d.temperature)
+    g.add_argument("--top-p", type=number(float, 0, above=True, high=1), default=d.top_p)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=number(int, 0, hint="leave it out for no seed"), default=None)
     g.add_argument("--system-policy", choices=SYSTEM_POLICIES, default=d.system_policy)
     g.add_argument("--system-prompt", default="", help="the system prompt for --system-policy set")
     g.add_argument(
@@ -45,7 +47,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
         default=d.truncation,
         help="what to do with answers cut at max-tokens (finish_reason=length)",
     )
-    g.add_argument("--max-assistant-turns", type=int, default=0, help="0: all turns")
+    g.add_argument("--max-assistant-turns", type=number(int, 0), default=0, help="0: all turns")
 
 
 def add_regenerate_parser(subparsers) -> None:
@@ -70,7 +72,7 @@ def add_regenerate_parser(subparsers) -> None:
     )
     p.add_argument(
         "--sglang-servers",
-        type=int,
+        type=number(int, 0),
         default=0,
         metavar="K",
         help="with --serve: start K SGLang servers of TARGET on this GPU instead of transformers serve "
@@ -79,17 +81,17 @@ def add_regenerate_parser(subparsers) -> None:
     p.add_argument("--sglang-prefix", default=None, help="offline SGLang install (`draftlab sglang install`)")
     p.add_argument("--model", default=None, help="model field of requests (default: the served folder)")
     p.add_argument("--model-name", default="", help="name recorded on rows")
-    p.add_argument("--concurrency", type=int, default=8, help="in-flight requests per server")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    p.add_argument("--max-retries", type=int, default=5)
+    p.add_argument("--concurrency", type=number(int, 1), default=8, help="in-flight requests per server")
+    p.add_argument("--timeout", type=number(float, 0, above=True), default=120.0, help="seconds per request")
+    p.add_argument("--max-retries", type=number(int, 0), default=5)
     p.add_argument(
         "--max-outage",
-        type=float,
+        type=number(float, 0),
         default=RegenConfig.max_outage,
         help="seconds with no server reachable before the run stops (resumable; default %(default)s)",
     )
-    p.add_argument("--limit", type=int, default=0, help="only the first N input rows")
-    p.add_argument("--shard-rows", type=int, default=10000)
+    p.add_argument("--limit", type=number(int, 0), default=0, help="only the first N input rows")
+    p.add_argument("--shard-rows", type=number(int, 1), default=10000)
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, skip ids in errors.jsonl")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--log-dir", default=None, help="where --serve writes serve.log (default: work)")
@@ -97,10 +99,10 @@ def add_regenerate_parser(subparsers) -> None:
     g.add_argument("--target", default="embedded", help="target spec for the batch backend")
     g.add_argument("--device", default="auto", help="auto | cpu | cuda (batch backend, --serve)")
     g.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    g.add_argument("--batch-size", type=int, default=1024)
+    g.add_argument("--batch-size", type=number(int, 1), default=1024)
     g.add_argument(
         "--batch-tokens",
-        type=int,
+        type=number(int, 0),
         default=0,
         help="padded tokens (rows x (longest prompt + max tokens)) per generate call at most; 0: no limit",
     )
@@ -111,7 +113,8 @@ def add_regenerate_parser(subparsers) -> None:
         help="KV cache of generate; static lets transformers compile the step on CUDA",
     )
     _add_sampling_args(p)
-    p.set_defaults(func=_regenerate_cli)
+    one_line_errors(p)
+    p.set_defaults(func=interruptible(_regenerate_cli, _kept))
 
 
 def config_from_args(args: argparse.Namespace, model: str) -> RegenConfig:
@@ -141,14 +144,42 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.backend == "server" and not args.serve and (not args.base_url or not args.model):
         missing = " and ".join(x for x, v in (("--base-url URL", args.base_url), ("--model NAME", args.model)) if not v)
         raise InputError(f"regenerate: give {missing}, or --serve TARGET")
-    for url in args.base_url:
-        check_base_url(url)
+    args.base_url = [check_base_url(url) for url in args.base_url]
     if args.output and Path(args.output).is_dir():
         raise InputError(f"--output {args.output}: is a folder; give the final JSONL file's path")
+    if args.output and _blocked(Path(args.output).parent):
+        raise InputError(f"--output {args.output}: {_blocked(Path(args.output).parent)} is a file, not a folder")
+    if args.log_dir and (Path(args.log_dir).is_file() or _blocked(Path(args.log_dir))):
+        raise InputError(f"--log-dir {args.log_dir}: is a file (or under one); give a folder")
     if args.limit < 0:
         raise InputError(f"--limit {args.limit}: must be >= 0 (0: every row)")
     if args.sglang_servers < 0 or (args.sglang_servers and not args.serve):
         raise InputError(f"--sglang-servers {args.sglang_servers}: needs --serve TARGET and a count >= 1")
+
+
+def _blocked(folder: Path) -> Path | None:
+    """The first existing non-folder on the way to `folder` (where it could never be created)."""
+    for part in [*reversed(folder.parents), folder]:
+        if part.exists() and not part.is_dir():
+            return part
+    return None
+
+
+def _kept(args: argparse.Namespace) -> str:
+    return f"the rows finished so far are kept in {args.work}: rerun the same command to resume"
+
+
+def _say_failed(summary: dict, work: Path) -> None:
+    """One line on stderr when rows failed: how many, why, where they are (the summary has the counts)."""
+    n = summary["rows_error"]
+    if n:
+        why = ", ".join(f"{k} x{v}" for k, v in sorted(summary["error_reasons"].items(), key=lambda kv: -kv[1]))
+        print(
+            f"error: {n} of {summary['rows_total']} rows failed ({why}); see {work / 'errors.jsonl'}; "
+            "a rerun of the same command retries them",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _regenerate_cli(args: argparse.Namespace) -> int:
@@ -189,7 +220,13 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
             config = config_from_args(args, model=args.model or servers.model)
             config.model_name = args.model_name or Path(folder).name
             summary = regenerate(
-                rows, work, [*urls, *args.base_url], config, input_path=args.input, progress=not args.no_progress
+                rows,
+                work,
+                [*urls, *args.base_url],
+                config,
+                input_path=args.input,
+                progress=not args.no_progress,
+                children=getattr(servers, "servers", [servers]),
             )
     else:
         config = config_from_args(args, model=args.model)
@@ -197,6 +234,13 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
     if args.output:
         summary["final"] = finalize(work, args.output, rows)
     print(json.dumps(summary, indent=1))
+    _say_failed(summary, work)
+    kept = summary["final"]["rows_kept"] if args.output else summary["rows_done"] + summary["rows_skipped_resume"]
+    if not kept and not summary["rows_error"]:
+        raise RunFailure(
+            f"no rows kept: {summary['rows_dropped_truncated']} answers were cut at --max-tokens "
+            f"{args.max_tokens} and dropped (--truncation drop); raise --max-tokens or use --truncation keep_flag"
+        )
     return 0 if summary["rows_error"] == 0 else 1
 
 
@@ -287,8 +331,8 @@ def _bench_generate_cli(args) -> int:
 def add_monitor_parser(subparsers) -> None:
     p = subparsers.add_parser("monitor", help="progress of a regeneration work folder", description=monitor.__doc__)
     p.add_argument("work", help="the work folder given to `draftlab regenerate`")
-    p.add_argument("--window", type=float, default=5.0, help="minutes for the recent rates")
-    p.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds (0: once)")
+    p.add_argument("--window", type=number(float, 0, above=True), default=5.0, help="minutes for the recent rates")
+    p.add_argument("--watch", type=number(float, 0), default=0.0, help="refresh every N seconds (0: once)")
     p.add_argument(
         "--plot",
         nargs="?",
@@ -298,21 +342,31 @@ def add_monitor_parser(subparsers) -> None:
         help="draw throughput over time (default file: WORK/throughput.png)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_monitor_cli)
+    one_line_errors(p)
+    p.set_defaults(func=interruptible(_monitor_cli, lambda args: f"{args.work} was only read"))
 
 
 def _monitor_cli(args: argparse.Namespace) -> int:
+    plot = None
+    if args.plot is not None:
+        plot = Path(args.plot) if args.plot else Path(args.work) / "throughput.png"
+        if args.plot and (plot.is_dir() or not plot.parent.is_dir()):
+            raise InputError(f"--plot {args.plot}: give a PNG file path in an existing folder")
     while True:
         s = summarize(args.work, window_s=args.window * 60)
         print(json.dumps(s, indent=1) if args.json else format_summary(s), flush=True)
-        if args.plot is not None:
+        if plot is not None:
             import matplotlib
 
             matplotlib.use("Agg")
-            path = Path(args.plot) if args.plot else Path(args.work) / "throughput.png"
             fig = plot_throughput(args.work)
-            fig.savefig(path, dpi=100)
-            print(f"plot: {path}")
+            fig.savefig(plot, dpi=100)
+            print(f"plot: {plot}")
+        if s["damaged"]:
+            raise RunFailure(
+                f"{s['damaged'][0]}: not valid JSON mid-file ({len(s['damaged'])} such line(s)); the folder is "
+                "not complete: remove the line (its row is redone on resume)"
+            )
         if not args.watch or (s["left"] == 0 and not s["writer_alive"]):
             return 0
         time.sleep(args.watch)

@@ -35,22 +35,44 @@ class RequestFailed(Exception):
         server_down: bool = False,
         retry_after: float | None = None,
         unreachable: bool = False,
+        no_answer: bool = False,
     ):
         super().__init__(reason)
         self.reason, self.retryable, self.server_down = reason, retryable, server_down
-        self.retry_after, self.unreachable = retry_after, unreachable
+        self.retry_after, self.unreachable, self.no_answer = retry_after, unreachable, no_answer
 
 
 class ServerUnreachable(RunFailure):
     """No server could be reached: at the start (at once) or for longer than `max_outage`."""
 
 
+API_SUFFIXES = ("/v1/chat/completions", "/chat/completions", "/v1")
+
+
 def check_base_url(url: str) -> str:
-    """An http(s) URL with a host, or an InputError saying what a base URL looks like."""
-    parts = urlsplit(url)
+    """The server's root URL (what requests append /v1/... to), or an InputError saying what is wrong.
+
+    The forms users paste from a server's docs (`.../v1`, `.../v1/chat/completions`) are cut back to it."""
+    example = "e.g. http://127.0.0.1:8000"
+    parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(f"--base-url {url!r}: not an http(s) URL with a host, e.g. http://127.0.0.1:8000")
-    return url
+        raise InputError(f"--base-url {url!r}: not an http(s) URL with a host, {example}")
+    try:
+        parts.port
+    except ValueError:
+        raise InputError(f"--base-url {url!r}: the port is not a number from 1 to 65535, {example}") from None
+    if parts.query or parts.fragment:
+        raise InputError(f"--base-url {url!r}: has a query or fragment; give the server's root URL, {example}")
+    path = parts.path.rstrip("/")
+    for suffix in API_SUFFIXES:
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+class WrongEndpoint(InputError):
+    """The server answers, but not to this URL or model (HTTP 404, 401, 403): every row would fail alike."""
 
 
 class Endpoint:
@@ -65,6 +87,7 @@ class Endpoint:
         self.ok = 0
         self.failed = 0
         self.unreachable_since: float | None = None  # monotonic; set by a failed connect, cleared by any answer
+        self.last_answer = 0.0  # monotonic time of its last HTTP answer (any status)
         self.last_error = ""
 
     def limit(self, now: float) -> int:
@@ -101,15 +124,27 @@ class ServerPool:
                     pass
 
     async def release(
-        self, ep: Endpoint, ok: bool, server_down: bool = False, failure: RequestFailed | None = None
+        self,
+        ep: Endpoint,
+        ok: bool,
+        server_down: bool = False,
+        failure: RequestFailed | None = None,
+        sent: float | None = None,
     ) -> None:
+        """Return a slot. A connect that failed, or a request sent at `sent` that got no answer (dropped
+        or timed out) while the server answered nothing else since, starts the outage clock."""
         async with self.cond:
             ep.in_flight -= 1
-            if failure is not None and failure.unreachable:
+            if failure is not None and failure.no_answer and sent is not None and ep.last_answer < sent:
+                failure.unreachable = True  # the server has said nothing since `sent`: an outage
+                ep.unreachable_since = min(ep.unreachable_since or sent, sent)
+                ep.last_error = failure.reason.split(" (")[0]
+            elif failure is not None and failure.unreachable:
                 ep.unreachable_since = ep.unreachable_since or time.monotonic()
                 ep.last_error = failure.reason
-            elif ok or (failure is not None and not failure.server_down):
+            elif ok or (failure is not None and not failure.server_down and not failure.no_answer):
                 ep.unreachable_since = None  # it answered (an HTTP error is an answer too)
+                ep.last_answer = time.monotonic()
             if ok:
                 ep.ok += 1
                 ep.fails, ep.probation = 0, False
@@ -139,7 +174,8 @@ class ServerPool:
         available = min(max(e.down_until, now) for e in self.endpoints)
         retry = max(available, self.retry_at) - now
         word = "server" if len(self.endpoints) == 1 else "servers"
-        return f"{word} {down} unreachable for {self.outage(now) or 0:.0f} s, retrying in {retry:.0f} s"
+        why = "; ".join(sorted({e.last_error for e in self.endpoints if e.last_error}))[:160]
+        return f"{word} {down} not answering for {self.outage(now) or 0:.0f} s ({why}), retrying in {retry:.0f} s"
 
     def note_retry(self, at: float) -> None:
         now = time.monotonic()
@@ -152,7 +188,8 @@ class ServerPool:
         reasons = []
         for ep in self.endpoints:
             try:
-                await http.get(f"{ep.url}/v1/models", timeout=httpx.Timeout(10.0, connect=5.0))
+                wait = min(10.0, self.config.request_timeout)
+                await http.get(f"{ep.url}/v1/models", timeout=httpx.Timeout(wait, connect=min(5.0, wait)))
                 return
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
                 reasons.append(f"{ep.url} ({_short(exc)})")
@@ -203,7 +240,7 @@ def reason_kind(reason: str) -> str:
     body = reason.split(": ", 1)[1] if reason.startswith("turn ") else reason
     if body.startswith("HTTP "):
         return body.split(":")[0]
-    for kind in ("timeout", "connection", "malformed"):
+    for kind in ("empty answer", "timeout", "connection", "malformed"):
         if kind in body.split(" (")[0]:
             return kind
     return body[:40]
@@ -265,11 +302,19 @@ class ChatClient:
         except httpx.ConnectTimeout:
             raise RequestFailed("connect timeout", True, server_down=True, unreachable=True)
         except httpx.TimeoutException as exc:
-            raise RequestFailed(f"timeout after {self.config.request_timeout:g} s ({type(exc).__name__})", True)
+            reason = f"no answer within --timeout {self.config.request_timeout:g} s ({type(exc).__name__})"
+            raise RequestFailed(reason, True, no_answer=True)
         except httpx.TransportError as exc:  # dropped connection, incomplete body, ...
-            raise RequestFailed(f"connection dropped ({type(exc).__name__}: {exc})", True, server_down=True)
+            reason = f"connection dropped without an answer ({type(exc).__name__}: {exc})"
+            raise RequestFailed(reason, True, server_down=True, no_answer=True)
         finally:
             shard[0] -= 1
+        if resp.status_code in (401, 403, 404):
+            raise WrongEndpoint(
+                f"--base-url {ep.url} / --model {self.config.model!r}: the server answered HTTP {resp.status_code} "
+                f"to POST /v1/chat/completions ({resp.text[:120].strip()}); give the server's root URL "
+                f"(e.g. http://127.0.0.1:8000), a model it serves, and a key if it wants one"
+            )
         if resp.status_code != 200:
             retry_after = None
             if resp.status_code == 429:
@@ -297,10 +342,11 @@ class ChatClient:
             ep = await self.pool.acquire()
             self.stats.requests += 1
             tries += 1
+            sent = time.monotonic()
             try:
                 result = await self._once(ep, body)
             except RequestFailed as exc:
-                await self.pool.release(ep, ok=False, server_down=exc.server_down, failure=exc)
+                await self.pool.release(ep, ok=False, server_down=exc.server_down, failure=exc, sent=sent)
                 if exc.unreachable:
                     self.stats.retries += 1
                     unreachable += 1

@@ -6,6 +6,7 @@ answers again, so a resumed run replays the same plan.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -53,16 +54,28 @@ class RegenConfig:
             raise InputError("system_policy 'set' needs a non-empty system_prompt (--system-prompt)")
         if self.truncation not in TRUNCATION_POLICIES:
             raise InputError(f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
-        if self.max_tokens < 1 or self.concurrency < 1:
-            raise InputError(f"max_tokens and concurrency must be >= 1, got {self.max_tokens} and {self.concurrency}")
-        if not self.request_timeout > 0 or self.max_retries < 0 or self.max_outage < 0:
-            raise InputError(
-                f"request_timeout must be > 0 and max_retries, max_outage >= 0, got "
-                f"{self.request_timeout}, {self.max_retries}, {self.max_outage}"
-            )
+        self._check_numbers()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.model_name = self.model_name or self.model
+
+    def _check_numbers(self) -> None:
+        """Each number in its range, finite (a nan would compare False everywhere and disable a bound)."""
+        checks = [
+            ("max_tokens", self.max_tokens >= 1, ">= 1"),
+            ("concurrency", self.concurrency >= 1, ">= 1"),
+            ("shard_rows", self.shard_rows >= 1, ">= 1"),
+            ("max_retries", self.max_retries >= 0, ">= 0"),
+            ("max_assistant_turns", self.max_assistant_turns >= 0, ">= 0"),
+            ("seed", self.seed is None or self.seed >= 0, ">= 0 or None"),
+            ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, "finite and >= 0"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("request_timeout", math.isfinite(self.request_timeout) and self.request_timeout > 0, "finite and > 0"),
+            ("max_outage", math.isfinite(self.max_outage) and self.max_outage >= 0, "finite and >= 0"),
+        ]
+        for name, ok, wanted in checks:
+            if not ok:
+                raise InputError(f"{name} must be {wanted}, got {getattr(self, name)!r}")
 
     def sampling(self) -> dict:
         out = {

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from draftlab.core.errors import InputError
+from draftlab.core.records import jsonl_lines
 from draftlab.regenerate.client import reason_kind
 from draftlab.regenerate.outputs import _read_lenient, read_manifest, read_status, shard_paths
 
@@ -37,28 +39,45 @@ def check_work_folder(work: Path) -> None:
     raise NotAWorkFolder(f"{work}: not a regeneration work folder (no manifest.json); {hint}")
 
 
+def _read(path: Path, damaged: list[str]) -> list[dict]:
+    """The rows of a JSONL file, read only. A bad line before the last is damage (the writer never
+    leaves one: a resume refuses the folder until it is fixed), noted in `damaged` as 'file: line N';
+    a torn last line is a crash's normal trace and is redone on resume."""
+    rows = []
+    for line in jsonl_lines(path):
+        if line.error is None and isinstance(line.row, dict):
+            rows.append(line.row)
+        elif not line.last:
+            damaged.append(f"{path}: line {line.lineno}")
+    return rows
+
+
 def _events(work: Path) -> dict:
-    """Finished-row events (t_done, completion tokens, truncated) and open errors."""
-    done, dropped, errors = {}, {}, {}
+    """Finished-row events (t_done, completion tokens, truncated), open errors, damaged lines and
+    ids finished more than once."""
+    done, dropped, errors, damaged, seen = {}, {}, {}, [], Counter()
     for path in shard_paths(work):
-        for row in _read_lenient(path):
+        for row in _read(path, damaged):
             regen = (row.get("meta") or {}).get("regen") or {}
+            seen[row.get("id")] += 1
             done[row.get("id")] = (
                 regen.get("t_done", 0.0),
                 sum(x or 0 for x in regen.get("completion_tokens", [])),
                 bool(regen.get("truncated")),
             )
     if (work / "dropped.jsonl").exists():
-        for rec in _read_lenient(work / "dropped.jsonl"):
+        for rec in _read(work / "dropped.jsonl", damaged):
+            seen[rec.get("id")] += 1
             dropped[rec.get("id")] = (
                 rec.get("t_done", 0.0),
                 sum(x or 0 for x in rec.get("completion_tokens", [])),
                 True,
             )
     if (work / "errors.jsonl").exists():
-        for rec in _read_lenient(work / "errors.jsonl"):
+        for rec in _read(work / "errors.jsonl", damaged):
             errors[rec.get("id")] = rec
-    return {"done": done, "dropped": dropped, "errors": errors}
+    duplicates = sorted(str(k) for k, n in seen.items() if n > 1)
+    return {"done": done, "dropped": dropped, "errors": errors, "damaged": damaged, "duplicates": duplicates}
 
 
 def _pid_alive(pid) -> bool | None:
@@ -95,6 +114,7 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
     tok_s = sum(v[1] for v in recent) / span
     left = max(total - len(finished), 0)
     times = [v[0] for v in finished.values() if v[0]]
+    last_event = max([*times, last_start])
     return {
         "work": str(work),
         "backend": runs[-1].get("backend"),
@@ -122,6 +142,9 @@ def summarize(work: str | os.PathLike, window_s: float = 300.0, now: float | Non
         "runs": len(manifest.get("runs", [])),
         "writer_alive": _pid_alive(runs[-1].get("pid")),
         "top_errors": _top_reasons(errors_open),
+        "damaged": ev["damaged"],
+        "duplicates": ev["duplicates"],
+        "idle_s": now - last_event,  # since the last finished row (or the run's start)
         **_writer_status(work, runs[-1].get("pid"), now),
     }
 
@@ -168,7 +191,21 @@ def format_summary(s: dict) -> str:
         f"truncated {s['dropped_truncated'] + s['kept_truncated']} ({100 * s['truncation_rate']:.2f}%)"
         f"  [dropped {s['dropped_truncated']}, kept+flagged {s['kept_truncated']}]",
     ]
+    if s.get("duplicates"):
+        ids = ", ".join(s["duplicates"][:5]) + (" ..." if len(s["duplicates"]) > 5 else "")
+        lines.append(f"duplicates {len(s['duplicates'])} ids finished more than once: {ids}")
+    if s.get("damaged"):
+        more = f" and {len(s['damaged']) - 3} more" if len(s["damaged"]) > 3 else ""
+        lines.append(
+            f"damaged   {'; '.join(s['damaged'][:3])}{more}: not valid JSON mid-file, so not complete "
+            "(a resume refuses the folder until the line is removed)"
+        )
     return "\n".join(lines)
+
+
+# no row finished for this long, and for this many times the recent time per row: stalled, not slow
+STALL_MIN_S = 60.0
+STALL_FACTOR = 5.0
 
 
 def _eta_line(s: dict) -> str:
@@ -178,7 +215,17 @@ def _eta_line(s: dict) -> str:
         return f"stalled: no server for {s['stalled_s']:.0f} s{limit}: {s.get('status_message') or ''}".rstrip(": ")
     if s.get("state") == "stopped" and s.get("left"):
         return f"stopped   {s.get('status_message') or 'the writer stopped'}"
+    if s.get("left") and s.get("writer_alive") is False:
+        return "stopped   the writer is not running: rerun the same command to resume"
+    if s.get("left") and is_stalled(s):
+        return f"stalled for {s['idle_s']:.0f} s: no row finished since (the writer is {s.get('state') or 'running'})"
     return f"ETA       {_hms(s['eta_s'])}"
+
+
+def is_stalled(s: dict) -> bool:
+    """No row for a minute or more, and for five times the recent time per row: an ETA would only grow."""
+    per_row = 1 / s["rows_s"] if s.get("rows_s") else 0.0
+    return s.get("idle_s", 0.0) >= max(STALL_MIN_S, STALL_FACTOR * per_row)
 
 
 def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
@@ -200,20 +247,33 @@ def throughput_series(work: str | os.PathLike, bin_s: float | None = None):
         pass
     if bin_s is None:
         bin_s = max(5.0, (t1 - t0) / 12)
-    starts, rates, cum = [], [], []
-    start, tokens, rows = t0, 0.0, 0
+    edges, toks, cum = [t0], [], []  # interval edges, tokens in each, rows finished by each end
+    tokens, rows = 0.0, 0
     for k, (t, tok, _) in enumerate(items):
         tokens += tok
         rows += 1
         last = k == len(items) - 1
-        if last or (t - start >= bin_s and items[k + 1][0] > t):  # never split rows finished at the same time
-            end = max(t, start + 1e-9)
-            starts.append(start - t0)
-            rates.append(tokens / (end - start))
+        if last or (t - edges[-1] >= bin_s and items[k + 1][0] > t):  # never split rows finished together
+            if last and toks and t - edges[-1] < bin_s / 2:  # a short tail joins the interval before it:
+                edges.pop()  # alone, a few rows over a second or two read as a spike
+                tokens += toks.pop()
+                cum.pop()
+            edges.append(max(t, edges[-1] + 1e-9))
+            toks.append(tokens)
             cum.append(rows)
-            start, tokens = end, 0.0
-    starts.append(start - t0)  # the end of the last interval, for plotting
-    return starts, rates, cum
+            tokens = 0.0
+    rates = [n / (b - a) for n, a, b in zip(toks, edges, edges[1:])]
+    return [e - t0 for e in edges], rates, cum
+
+
+def axis_top(rates: list[float]) -> tuple[float, bool]:
+    """The y-axis top: the highest rate, unless one interval is far above the rest (over 1.5 times
+    their 90th percentile); then that bound, and True: the clipped bars are marked on the figure."""
+    if len(rates) < 3:
+        return max(rates or [1.0]) * 1.1 or 1.0, False
+    ranked = sorted(rates)
+    bound = 1.5 * ranked[int(0.9 * (len(ranked) - 1))]
+    return (bound, True) if ranked[-1] > bound > 0 else (ranked[-1] * 1.1 or 1.0, False)
 
 
 def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None):
@@ -227,15 +287,24 @@ def plot_throughput(work: str | os.PathLike, bin_s: float | None = None, ax=None
         fig = ax.figure
     mins = [x / 60 for x in edges]
     ax.stairs(tok_s, mins, color="tab:blue", label="output tok/s", fill=True, alpha=0.35)
+    top, clipped = axis_top(tok_s)
+    ax.set_ylim(0, top)
+    for rate, a, b in zip(tok_s, mins, mins[1:]):
+        if clipped and rate > top:
+            ax.annotate(f"{rate:,.0f} tok/s\n(off the axis)", ((a + b) / 2, top), ha="center", va="top", fontsize=8)
     ax.set_xlabel("minutes since the run began")
     ax.set_ylabel("output tokens/s", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot(mins, [0] + cum if tok_s else [], color="tab:orange", marker=".", label="rows finished")
     ax2.set_ylabel("rows finished", color="tab:orange")
     ax2.set_ylim(bottom=0)
+    finish = finish_counts(work)
+    capped, answers = finish.get("length", 0), sum(finish.values())
     ax.set_title(
-        f"regeneration throughput: {Path(work).name}\n(tokens of the rows finished in each interval, over its length)",
+        f"regeneration throughput: {Path(work).name}\n(tokens of the rows finished in each interval, over its "
+        f"length)\n{capped} of {answers} answers hit the token cap (finish_reason 'length')",
         fontsize=10,
+        color="tab:red" if capped else "black",
     )
     fig.tight_layout()
     return fig

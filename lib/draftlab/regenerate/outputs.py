@@ -8,6 +8,7 @@ duplicates nothing. `finalize` writes the training file in the input's order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -19,7 +20,7 @@ from draftlab.core.errors import InputError, RunFailure
 from draftlab.core.files import atomic_write_json
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, jsonl_line, jsonl_lines, write_jsonl
-from draftlab.regenerate.config import RegenConfig
+from draftlab.regenerate.config import RegenConfig, slots
 
 # ------------------------------------------------------------------ output files
 
@@ -210,23 +211,89 @@ def read_manifest(work: Path) -> dict:
     return manifest
 
 
-def write_manifest(
-    work: Path, input_path: str, total: int, config: RegenConfig, backend: str, servers: list[str]
-) -> None:
-    """manifest.json: the monitor reads `total` and the runs' start times from it.
+def job_fingerprint(input_path: str, rows: list[dict] | None, config: RegenConfig) -> dict:
+    """What defines a regeneration job: the input's content (sha256 of the file, or of the rows when no
+    file is named), the model asked and every parameter a row's content depends on."""
+    path = Path(input_path) if input_path else None
+    if path is not None and path.is_file():
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        sha = digest.hexdigest()
+    else:  # rows given directly (a subset may come first): `check_same_prompts` compares them row by row
+        sha = None
+    job = {"input": str(path.resolve()) if path else "", "input_sha256": sha, "model": config.model}
+    return job | {k: getattr(config, k) for k in IDENTITY_FIELDS}
 
-    Refuses to resume a folder whose rows were made with other sampling or policies."""
+
+def _job_changes(manifest: dict, job: dict) -> list[str]:
+    """What differs between the job a folder was started for and this one ('name: old -> new').
+
+    A folder written before jobs were recorded has only its config and input path: it is adopted when
+    those agree (the same command resumes it, as it always did), since refusing it would throw away
+    every row it holds; a different input file name, model or sampling is refused as for any folder."""
+    old = manifest.get("job")
+    if old is None:
+        config = manifest.get("config") or {}
+        old = {k: config[k] for k in ("model", *IDENTITY_FIELDS) if k in config}
+        if manifest.get("input"):
+            old["input_name"] = Path(manifest["input"]).name
+        job = {**job, "input_name": Path(job["input"]).name}
+    changes = []
+    if old.get("input_sha256") and job["input_sha256"] and old["input_sha256"] != job["input_sha256"]:
+        changes.append(
+            f"input: {old.get('input') or 'rows'} (sha256 {old['input_sha256'][:12]}) -> "
+            f"{job['input'] or 'rows'} (sha256 {job['input_sha256'][:12]})"
+        )
+    if "input_name" in old and job.get("input_name") and old["input_name"] != job["input_name"]:
+        changes.append(f"input: {old['input_name']} -> {job['input_name']}")
+    for key in ("model", *IDENTITY_FIELDS):
+        if key in old and old[key] != job[key]:
+            changes.append(f"{key}: {old[key]!r} -> {job[key]!r}")
+    return changes
+
+
+def check_same_prompts(work: Path, state: WorkState, rows: list[dict]) -> None:
+    """Every finished row of the folder whose id is in `rows` was made from the same prompts (the
+    user turns), or an InputError naming the first id that differs: a row of another dataset."""
+    for row in rows:
+        done = state.done.get(row["id"])
+        if done is None:
+            continue
+        ours = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        theirs = [m.get("content") for m in done.get("messages") or [] if m.get("role") == "user"]
+        if theirs != ours[: len(theirs)] or not theirs:
+            raise InputError(
+                f"{work}: holds row {row['id']!r} made from other prompts than the input's; "
+                f"resume with the same input, or use a new work folder"
+            )
+
+
+def write_manifest(
+    work: Path,
+    input_path: str,
+    total: int,
+    config: RegenConfig,
+    backend: str,
+    servers: list[str],
+    rows: list[dict] | None = None,
+    state: WorkState | None = None,
+) -> None:
+    """manifest.json: the job the folder holds (`job_fingerprint`), and the runs' start times that the
+    monitor reads. A folder holding rows of another job (input, model, sampling) is refused, unchanged."""
     path = work / "manifest.json"
     manifest = read_manifest(work) if path.exists() else {"runs": []}
-    old = manifest.get("config") or {}
-    changed = {k: (old[k], getattr(config, k)) for k in IDENTITY_FIELDS if k in old and old[k] != getattr(config, k)}
-    if changed and (shard_paths(work) or (work / "dropped.jsonl").exists()):
-        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+    job = job_fingerprint(input_path, rows, config)
+    changes = _job_changes(manifest, job)
+    if changes and (shard_paths(work) or (work / "dropped.jsonl").exists()):
         raise InputError(
-            f"{work}: holds rows made with other parameters ({detail}); "
-            f"resume with the same ones or use a new work folder"
+            f"{work}: holds rows of another job ({'; '.join(changes)}); "
+            f"resume with the same input, model and parameters, or use a new work folder"
         )
-    manifest.update(input=str(input_path), total=total, config=asdict(config))
+    if rows is not None and state is not None:
+        check_same_prompts(work, state, rows)
+    manifest.update(input=str(input_path), total=total, config=asdict(config), job=job)
     manifest["runs"].append({"started": time.time(), "backend": backend, "servers": servers, "pid": os.getpid()})
     atomic_write_json(path, manifest, indent=1)
 
@@ -252,18 +319,26 @@ def finalize(work: str | os.PathLike, output: str | os.PathLike, rows: list[dict
     """Write the training file: finished rows in the input's order (atomic replace). Counts back."""
     work, output = Path(work), Path(output)
     state = scan_work(work)
-    kept = write_jsonl(output, (state.done[row["id"]] for row in rows if row["id"] in state.done))
+    done = [state.done[row["id"]] for row in rows if row["id"] in state.done]
+    empty = [r for r in done if _has_empty_answer(r)]  # rows an older version kept: nothing to train on
+    kept = write_jsonl(output, (r for r in done if not _has_empty_answer(r)))
     ids = {r["id"] for r in rows}
     errors = {i for i in state.errors if i in ids and i not in state.finished}
     return {
         "rows_in": len(rows),
         "rows_kept": kept,
+        "rows_empty_answer": len(empty),
         "rows_dropped_truncated": len(ids & set(state.dropped)),
         "rows_error": len(errors),
         "rows_missing": len(ids - state.finished - errors),
         "duplicates_seen": state.duplicates,
         "output": str(output),
     }
+
+
+def _has_empty_answer(row: dict) -> bool:
+    messages = row.get("messages") or []
+    return any(not str(messages[i].get("content") or "").strip() for i in slots(messages)) if messages else True
 
 
 def build_row(

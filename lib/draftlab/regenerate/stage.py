@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from draftlab.core.errors import DraftlabError
 from draftlab.core.records import RecordError
 from draftlab.core.serve import LocalServer
 from draftlab.model.target import EMBEDDED_NAME, load_target, resolve_path
@@ -52,6 +53,12 @@ async def regenerate_row(client: ChatClient, row: dict) -> dict:
             exc.reason = f"turn {len(turns)}: {exc.reason}"
             raise
         attempts += n
+        if not result["text"].strip():  # nothing to train on: a failed row, not a kept one
+            raise RequestFailed(
+                f"turn {len(turns)}: empty answer (finish_reason {result['finish_reason']!r}, "
+                f"{result['completion_tokens']} tokens) [server {result['server']}]",
+                retryable=False,
+            )
         plan[i] = {"role": "assistant", "content": result.pop("text")}
         turns.append(result)
     return build_row(row, plan, turns, client.config, "server", attempts, t0)
@@ -66,20 +73,37 @@ async def regenerate_async(
     input_path: str = "",
     progress: bool = True,
     desc: str = "regenerate",
+    children=(),
 ) -> dict:
-    """Regenerate the rows not yet finished in `work`; returns the run's summary."""
+    """Regenerate the rows not yet finished in `work`; returns the run's summary. `children`: the
+    server processes draftlab started for this run (core.process.ServerProcess), watched for exits."""
     work = Path(work)
     with WorkLock(work):
         return await _regenerate_locked(
-            rows, work, base_urls, config, input_path=input_path, progress=progress, desc=desc
+            rows, work, base_urls, config, input_path=input_path, progress=progress, desc=desc, children=children
         )
 
 
-async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: float = 1.0) -> None:
+def check_children(children) -> None:
+    """ServerUnreachable at once when a server draftlab started has exited (it will not come back)."""
+    for child in children:
+        proc = getattr(child, "proc", None)
+        code = proc.poll() if proc is not None else None
+        if code is not None:
+            log = getattr(child, "log_path", None)
+            raise ServerUnreachable(
+                f"the server draftlab started ({getattr(child, 'kind', 'server')}, pid {proc.pid}) exited "
+                f"with code {code}" + (f"; its log: {log}" if log else "")
+            )
+
+
+async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: float = 1.0, children=()) -> None:
     """While no server answers: say so on the progress line and in WORK/status.json; past
-    `max_outage` seconds raise ServerUnreachable, which stops the run (rows written are kept)."""
+    `max_outage` seconds, or as soon as a server draftlab started exits, raise ServerUnreachable,
+    which stops the run (rows written are kept)."""
     was, wrote = None, 0.0
     while True:
+        check_children(children)
         now = time.monotonic()
         outage = pool.outage(now)
         if outage is not None:
@@ -107,7 +131,7 @@ async def watch_servers(pool: ServerPool, bar: Progress, work: Path, every: floa
         await asyncio.sleep(every)
 
 
-async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progress, desc):
+async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progress, desc, children):
     base_urls = [check_base_url(u) for u in base_urls]
     state = scan_work(work)
     ids = [r["id"] for r in rows]
@@ -116,7 +140,7 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
     finished = state.finished
     todo = [r for r in rows if r["id"] not in finished and (config.retry_errors or r["id"] not in state.errors)]
     stats = RunStats(total=len(rows), skipped=len(rows) - len(todo))
-    write_manifest(work, input_path, len(rows), config, "server", list(base_urls))
+    write_manifest(work, input_path, len(rows), config, "server", list(base_urls), rows, state)
     out = Outputs(work, config)
     out.written |= finished
     pool = ServerPool(list(base_urls), config)
@@ -151,7 +175,7 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
 
     n_workers = min(len(todo), sum(e.capacity for e in pool.endpoints)) or 0
     workers = [asyncio.ensure_future(worker()) for _ in range(n_workers)]
-    watcher = asyncio.ensure_future(watch_servers(pool, bar, work))
+    watcher = asyncio.ensure_future(watch_servers(pool, bar, work, every=0.5, children=children))
     try:
         pending = set(workers)
         while pending and not watcher.done():  # the watcher never ends but by raising
@@ -169,6 +193,9 @@ async def _regenerate_locked(rows, work, base_urls, config, *, input_path, progr
         )
         write_status(work, "stopped", message=message)
         raise ServerUnreachable(message) from None
+    except (DraftlabError, asyncio.CancelledError, KeyboardInterrupt) as exc:
+        write_status(work, "stopped", message=str(exc) or "interrupted")
+        raise
     finally:
         for task in [*workers, watcher]:
             task.cancel()
@@ -246,7 +273,7 @@ def regenerate_splits(
     config.model_name = config.model_name or (EMBEDDED_NAME if target == "embedded" else target)
     report = {"backend": backend, "splits": {}, "server_startup_s": None}
     with ExitStack() as stack:
-        urls = list(base_urls)
+        urls, children = list(base_urls), []
         if backend == "batch":
             tgt = load_target(target, device=device, dtype=dtype)
             config.model = config.model or target
@@ -260,6 +287,7 @@ def regenerate_splits(
                 servers = LocalServer(resolve_path(target), out_dir / "serve.log", device=device, threads=threads)
             srv = stack.enter_context(servers)
             urls, config.model = srv.urls, config.model or srv.model
+            children = getattr(srv, "servers", [srv])  # watched: the run stops at once if one exits
             report["server_startup_s"] = round(srv.startup_s, 1)
         elif not config.model:
             raise ValueError("config.model (the served model name) is needed with base_urls")
@@ -287,6 +315,7 @@ def regenerate_splits(
                     input_path=str(inputs[split]),
                     progress=progress,
                     desc=f"regenerate {split}",
+                    children=children,
                 )
             summary["final"] = finalize(work, out_dir / f"{split}.jsonl", split_rows)
             summary["work"] = str(work)

@@ -157,16 +157,14 @@ def run_notebooks(
 
     notebooks = select_notebooks(names)
     run_id = run_id or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{profile_name or DEFAULT_PROFILE}"
-    run_dir = (results_dir or repo_root() / "results") / run_id
+    run_dir = (results_dir or settings.results_root()) / run_id
     profile_name, overrides = run_folder_settings(run_dir, profile_name, overrides or {})
     profile = load_profile(profile_name)
     params = resolve_parameters(notebooks, profile, overrides, profile_name)
     for nb_params in params.values():
         nb_params["RUN_DIR"] = str(run_dir)
     (run_dir / "executed").mkdir(parents=True, exist_ok=True)
-    first = next(iter(params.values()))
-    settings.write_run_settings(run_dir, first, written_by=f"draftlab run ({notebooks[0].stem})")
-    (run_dir / "figures").mkdir(exist_ok=True)
+    (run_dir / "figures").mkdir(exist_ok=True)  # run.json: written by the first notebook that finishes
     record = {
         "run_id": run_id,
         "profile": profile_name,
@@ -225,7 +223,7 @@ def add_run_parser(subparsers) -> None:
     )
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a parameter")
     p.add_argument("--run-id", help="results/<run_id> (default: timestamp-profile); reuse one to rerun a stage")
-    p.add_argument("--results", type=Path, help="results folder (default: <repo>/results)")
+    p.add_argument("--results", type=Path, help="results folder (default: $DRAFTLAB_RESULTS, else <repo>/results)")
     p.set_defaults(func=_run_cli)
 
 

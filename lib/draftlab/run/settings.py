@@ -12,6 +12,7 @@ runner's params.yaml.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ RUN_FILE = "run.json"
 IDENTITY = ("TARGET", "PROFILE")  # what a run folder is a run of; everything else may differ per stage
 NOT_FROM_PROFILE = ("RUN_DIR", "DEVICE")  # where the run lives and where this stage runs are the opener's
 PROFILES = ("smoke", "quick", "full")
+RESULT_PROFILES = ("full",)  # the sizes a figure may be read as a result at; below them it is a demo
 RANDOM_TARGETS = {"tiny": "random weights (tiny target): not a result"}
 NO_WEIGHTS = ("00_environment_check", "01_dataset_discovery", "02_blend")  # shapes, a catalog, a blend: no caveat
 
@@ -43,6 +45,26 @@ class RunSettingsError(InputError):
 
 class StageMissing(InputError):
     """An earlier stage has not run in this run folder; the message says which to run, in order."""
+
+
+def results_root() -> Path:
+    """Where run folders live: $DRAFTLAB_RESULTS, else the checkout's results/ (a notebook's RUN_DIR
+    "results/<id>" and `draftlab run --run-id <id>` both mean <this>/<id>)."""
+    env = os.environ.get("DRAFTLAB_RESULTS")
+    root = repo_root()
+    return Path(env) if env else (root / "results" if root is not None else Path("results").resolve())
+
+
+def resolve_run_dir(value: str | Path) -> Path:
+    """A notebook's RUN_DIR as a folder: absolute as given; "results/<id>" under results_root(); any other
+    relative path under the checkout."""
+    path = Path(value)
+    if path.is_absolute():
+        return path
+    if path.parts and path.parts[0] == "results":
+        return results_root().joinpath(*path.parts[1:])
+    root = repo_root()
+    return root / path if root is not None else path.resolve()
 
 
 def load_profile(profile: str, params_dir: Path | None = None) -> dict:
@@ -75,7 +97,7 @@ def run_settings(run_dir: str | Path) -> dict | None:
             raise InputError(f"{path}: not valid JSON ({exc}); delete it to start the run's settings again") from exc
         return {k: data[k] for k in IDENTITY if k in data}
     params = run_dir / "params.yaml"
-    if params.is_file():
+    if params.is_file() and finished_stages(run_dir):  # a runner's record pins the folder once a stage finished
         record = yaml.safe_load(params.read_text()) or {}
         targets = Counter(v["TARGET"] for v in (record.get("notebooks") or {}).values() if v.get("TARGET"))
         out = {"PROFILE": record.get("profile")} if record.get("profile") else {}
@@ -130,15 +152,62 @@ def caveat(target_spec: str) -> str | None:
     return RANDOM_TARGETS.get(str(target_spec))
 
 
+def scale_caveat(profile: str) -> str | None:
+    """The label of a run below result scale: smoke and quick train on tens of conversations and evaluate
+    on a few prompts, so what they draw shows the pipeline working, not what a draft reaches."""
+    return None if profile in RESULT_PROFILES else f"demo scale ({profile} profile), not a result"
+
+
 def _missing(run_dir: Path, stage: str) -> list[str]:
     return [f for f in STAGES[stage][0] if not (run_dir / f).is_file()]
+
+
+def finished_stages(run_dir: Path) -> list[str]:
+    """The notebooks whose metrics are in RUN_DIR/metrics.json (a notebook writes them as its last step)."""
+    try:
+        data = json.loads((Path(run_dir) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return sorted(k for k in data if not k.startswith("_"))
+
+
+def describe(run_dir: Path) -> str:
+    """What a run folder holds, for a notebook's first line of output."""
+    have = run_settings(run_dir) if Path(run_dir).is_dir() else None
+    if not have:
+        return "a new run folder"
+    done = [s for s in STAGES if not _missing(Path(run_dir), s)]
+    return f"a {have.get('PROFILE', '?')} run of {have.get('TARGET', '?')!r}" + (
+        f" with the outputs of {', '.join(done)}" if done else ""
+    )
+
+
+def runs_with(stages, besides: Path, limit: int = 3) -> list[Path]:
+    """Other run folders (results/*, and the folders beside `besides`) that hold every stage's output, newest
+    first."""
+    parents = {Path(besides).parent, results_root()}
+    found = {
+        p
+        for parent in parents
+        if parent.is_dir()
+        for p in parent.iterdir()
+        if p.is_dir() and p.resolve() != Path(besides).resolve() and not any(_missing(p, s) for s in stages)
+    }
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+
+
+def _shown(path: Path) -> str:
+    root = repo_root()
+    try:
+        return str(path.relative_to(root)) if root is not None else str(path)
+    except ValueError:
+        return str(path)
 
 
 def run_command(run_dir: Path, stems: list[str]) -> str:
     """The `draftlab run` line that runs these stages into this folder."""
     numbers = " ".join(s.split("_")[0] for s in stems)
-    root = repo_root()
-    if root is not None and run_dir.parent == root / "results":
+    if run_dir.parent == results_root():
         return f"draftlab run {numbers} --run-id {run_dir.name}"
     return f"draftlab run {numbers} --results {run_dir.parent} --run-id {run_dir.name}"
 
@@ -161,7 +230,9 @@ def require(run_dir: str | Path, *stages: str) -> None:
     last = todo[-1]
     files = ", ".join(_missing(run_dir, last))
     order = ", then ".join(todo)
+    others = runs_with(stages, run_dir)
+    elsewhere = f"; or set RUN_DIR to a run that has it: {', '.join(repr(_shown(p)) for p in others)}" if others else ""
     raise StageMissing(
         f"{run_dir} has no {files} ({last}'s output): run {order} first, in JupyterLab with this RUN_DIR "
-        f"or in a terminal: {run_command(run_dir, todo)}"
+        f"or in a terminal: {run_command(run_dir, todo)}{elsewhere}"
     )

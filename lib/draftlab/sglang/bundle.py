@@ -37,8 +37,6 @@ from draftlab.sglang.install import (
 )
 from draftlab.sglang.profiles import (
     DEFAULT_PROFILE,
-    GPU_MACHINE_PACKAGES,
-    GPU_MACHINE_VERSIONS,
     PROFILES,
     SGLANG_EXTRAS,
     SGLANG_KERNEL_HEAVY,
@@ -298,8 +296,8 @@ class BundleOptions:
     drop_files: list = field(default_factory=list)  # "name:glob"
     keep: list = field(default_factory=list)
     extras: list | None = None  # None: SGLANG_EXTRAS[version]
-    machine: frozenset = GPU_MACHINE_PACKAGES
-    machine_versions: dict = field(default_factory=lambda: dict(GPU_MACHINE_VERSIONS))
+    machine: frozenset = frozenset()  # what the target machine has (--machine-packages); none: bundle all
+    machine_versions: dict = field(default_factory=dict)
     index_args: list = field(default_factory=list)
     cache_dirs: list = field(default_factory=list)
     report: Path | None = None  # reuse a pip report instead of resolving

@@ -88,8 +88,8 @@ def add_sglang_parser(subparsers) -> argparse.ArgumentParser:
         "--machine-packages",
         type=Path,
         metavar="FILE",
-        help="names the target already has (one a line, or `pip freeze`), instead of the built-in "
-        "list of the H200 machine's packages",
+        help="what the target machine already has (`pip freeze` there, or one name a line): left out of the "
+        "bundle; without it everything resolved is bundled",
     )
     p.add_argument(
         "--find-links",
@@ -157,8 +157,8 @@ def _options(args: argparse.Namespace) -> B.BundleOptions:
         drop_files=args.drop_files,
         keep=args.keep,
         extras=extras,
-        machine=P.read_names(args.machine_packages) if args.machine_packages else P.GPU_MACHINE_PACKAGES,
-        machine_versions={} if args.machine_packages else dict(P.GPU_MACHINE_VERSIONS),
+        machine=P.read_names(args.machine_packages) if args.machine_packages else frozenset(),
+        machine_versions=P.read_versions(args.machine_packages) if args.machine_packages else {},
         index_args=index_args,
         cache_dirs=args.cache,
         report=args.report,

@@ -19,7 +19,13 @@ __all__ = [
     "sglang_commands",
     "sglang_speculative_command",
     "sglang_target_command",
+    "launch_line",
 ]
+
+
+def launch_line(flags) -> str:
+    """`python -m sglang.launch_server` with these flags alone (e.g. a config file's, to parse as one command)."""
+    return shlex.join(["python", "-m", "sglang.launch_server", *map(str, flags)])
 
 
 def _sglang_base(

@@ -1,5 +1,6 @@
-"""What a bundle leaves out: the GPU machine's own packages, and what chosen server flags never
-import (a profile); the extra requirements each SGLang release needs there."""
+"""What a bundle leaves out: the target machine's own packages (read from a file: `pip freeze` or one
+name a line), and what chosen server flags never import (a profile); the extra requirements each SGLang
+release needs there."""
 
 from __future__ import annotations
 
@@ -8,55 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.sglang.install import normalize
-
-# The GPU machine's Python packages, by name (/work/.library/device/KINDS.md, "Python packages
-# already there", as read on 2026-11-17). A bundle leaves these out unless `--keep` names them.
-GPU_MACHINE_PACKAGES = frozenset(
-    re.sub(r"[-_.]+", "-", n).lower()
-    for n in """
-absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
-build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
-cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops
-equinox etils execnet filelock flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio
-h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna imageio iniconfig
-interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver
-lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown
-markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict
-multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro
-nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft
-nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py
-nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime
-onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
-packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client propcache
-protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
-pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
-pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
-scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
-sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore
-threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric
-torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect
-urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split()
-)
-
-
-# Versions seen there (KINDS.md's pip-list row, python3 3.12.3): used only to warn when a bundled
-# package's pin excludes the machine's version of a package the bundle leaves out.
-GPU_MACHINE_VERSIONS = {
-    "accelerate": "1.15.0",
-    "huggingface-hub": "1.33.0",
-    "numpy": "2.5.2",
-    "safetensors": "0.8.0",
-    "sentencepiece": "0.2.2",
-    "tiktoken": "0.14.0",
-    "tokenizers": "0.23.2",
-    "torch": "2.11.0",
-    "torchaudio": "2.11.0",
-    "torchvision": "0.26.0",
-    "transformers": "5.17.0",
-    "triton": "3.6.0",
-}
-
 
 # Extra requirements per SGLang release, resolved together with it (and always bundled, even where
 # the machine has the name): SGLang 0.5.17 fails at import under transformers 5.17 (AutoConfig
@@ -129,6 +81,17 @@ def read_names(path: Path) -> frozenset:
             continue
         names.add(normalize(re.split(r"[\s=<>!~@;\[]", line, 1)[0]))
     return frozenset(names)
+
+
+def read_versions(path: Path) -> dict[str, str]:
+    """{name: version} of the `name==version` lines of such a file (the machine's pins, for machine_conflicts)."""
+    versions = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        name, sep, version = line.partition("==")
+        if sep and name and version:
+            versions[normalize(name.strip())] = version.strip()
+    return versions
 
 
 def _requirement_tools():

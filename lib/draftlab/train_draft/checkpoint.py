@@ -10,6 +10,7 @@ import csv
 import json
 import random
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from draftlab.core.acceptance import simulated_acceptance
 from draftlab.core.files import atomic_path
 from draftlab.core.records import RecordError
+from draftlab.model.contract import safetensors_layout
 from draftlab.model.draft import Eagle3Draft, config_from_dict
 from draftlab.model.target import load_target
 from draftlab.train_draft.config import TrainConfig
@@ -109,19 +111,51 @@ def remove_checkpoint_temps(out_dir) -> list[Path]:
     return leftovers
 
 
+def checkpoint_problem(ck: Path) -> str | None:
+    """Why a ckpt-* folder cannot be loaded (a file missing, empty, cut short or not JSON), or None.
+    A copy interrupted half-way leaves such a folder; a checkpoint draftlab wrote is renamed in whole."""
+    try:
+        json.loads((ck / "state.json").read_text())
+    except FileNotFoundError:
+        return "state.json is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"state.json is not valid JSON ({str(exc).splitlines()[0]})"
+    for name in ("draft.safetensors", "optimizer.safetensors"):
+        if not (ck / name).is_file():
+            return f"{name} is missing"
+        _, problems = safetensors_layout(ck / name)
+        if problems:
+            return f"{name}: {problems[0]}"
+    return None
+
+
 def find_checkpoint(path) -> Path:
-    """A ckpt-* folder, or the latest one of a training folder."""
+    """A complete ckpt-* folder: the one given, or the latest of a training folder; when `latest` names
+    a half-written one, the last complete one (said in one line). One line (InputError) when none is."""
     path = Path(path)
-    if (path / "state.json").is_file():
+    if path.is_file():
+        raise RecordError(f"{path}: a file; a checkpoint is a ckpt-* folder (or the training folder holding them)")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such checkpoint or training folder")
+    if path.name.startswith("ckpt-") or (path / "state.json").exists():
+        problem = checkpoint_problem(path)
+        if problem:
+            raise RecordError(f"{path}: not a complete checkpoint: {problem}")
         return path
-    if (path / "latest").is_file():
-        ck = path / (path / "latest").read_text().strip()
-        if (ck / "state.json").is_file():
-            return ck
-    ckpts = sorted(path.glob("ckpt-*"))
-    if not ckpts:
+    named = path / (path / "latest").read_text().strip() if (path / "latest").is_file() else None
+    ckpts = sorted((p for p in path.glob("ckpt-*") if p.is_dir()), reverse=True)
+    if not ckpts and named is None:
         raise FileNotFoundError(f"{path}: no checkpoint (ckpt-*/state.json); train first (draftlab train)")
-    return ckpts[-1]
+    problems = {}
+    for ck in ([named] if named in ckpts else []) + [c for c in ckpts if c != named]:
+        problems[ck] = checkpoint_problem(ck)
+        if problems[ck] is None:
+            if named is not None and ck != named:
+                why = problems.get(named) or "missing"
+                print(f"{named}: incomplete ({why}); using {ck.name}, the last complete checkpoint", file=sys.stderr)
+            return ck
+    first = next(iter(problems.items()), (named, "missing"))
+    raise RecordError(f"{first[0]}: not a complete checkpoint ({first[1]}); none in {path} is complete")
 
 
 def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "cpu", target=None):
@@ -147,7 +181,6 @@ def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "c
 # Settings that may change between a run and its resumption (they do not change the result).
 RESUME_FREE = (
     "stop_after",
-    "stop_at",
     "eval_every",
     "save_every",
     "log_every",
@@ -175,7 +208,8 @@ def check_same_recipe(ck: Path, cfg: TrainConfig) -> None:
             f"{ck / 'state.json'}: not a training checkpoint's state ({exc!r}); use another out_dir "
             f"or delete {ck} to start afresh"
         ) from None
-    new, defaults = asdict(cfg), asdict(TrainConfig())  # a setting added since the checkpoint: its default
+    # a setting added since the checkpoint: the value it had before it existed (fc_norm: none), else its default
+    new, defaults = asdict(cfg), {**asdict(TrainConfig(arch=old.get("arch", "eagle3"))), "fc_norm": "none"}
     diff = {
         k: (old.get(k, defaults[k]), new[k]) for k in new if k not in RESUME_FREE and old.get(k, defaults[k]) != new[k]
     }

@@ -11,37 +11,62 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
+from draftlab.core.errors import InputError, RunFailure
 from draftlab.model.contract import FC_NORMS
 from draftlab.model.export import export_draft, validate
 from draftlab.model.target import TargetError, read_config
 from draftlab.train_draft.checkpoint import load_checkpoint_draft
 from draftlab.train_draft.config import TrainConfig, field_comments, parse_bool
+from draftlab.train_draft.guards import refuse_if_learned_nothing
 from draftlab.train_draft.loop import train
 from draftlab.train_draft.objective import ATTENTION_KERNELS, dist_info
+from draftlab.train_draft.recipe import load_recipe
+
+TRAIN_DESCRIPTION = (
+    "Every default is the best recipe measured in SGLang (recipes/eagle3-best.yaml says on what); "
+    "--config FILE loads another recipe, and flags given on the command line override it. --target has no "
+    "default: a draft is trained for one target, and a random stand-in would train a useless draft. "
+    "A first SIGTERM or Ctrl-C ends the current step, writes a checkpoint and exits 130/143; "
+    "the same command with --resume continues. Exit 2: bad input; 1: the run failed or learned nothing."
+)
+
+
+class _Given(argparse.Action):
+    """Store the value and note the flag as given, so that it overrides --config's file."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
 
 
 # ---- CLI -------------------------------------------------------------------------------------
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """`draftlab train`: every TrainConfig field is a --flag; `torchrun ... -m draftlab.cli train` for DDP."""
-    ap = subparsers.add_parser("train", help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test")
+    ap = subparsers.add_parser(
+        "train",
+        help="train an EAGLE-3 (or EAGLE-1-style) draft with training-time test",
+        description=TRAIN_DESCRIPTION,
+    )
     choices = {
         "arch": ["eagle3", "eagle1"],
-        "hidden": ["online", "offline"],
+        "hidden": ["online", "offline", "sglang"],
         "overlong": ["truncate", "drop"],
         "attention": list(ATTENTION_KERNELS),
-        "fc_norm": list(FC_NORMS),
+        "fc_norm": [*FC_NORMS, "auto"],
     }
+    ap.add_argument("--config", default="", metavar="FILE", help="a recipe (recipes/*.yaml); flags override it")
     notes = field_comments()  # each field's comment in train_draft/config.py
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         text = f"{notes.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+        kw = dict(default=default, action=_Given, help=text)
         if isinstance(default, bool):
-            ap.add_argument(flag, type=parse_bool, default=default, metavar="BOOL", help=text)
+            ap.add_argument(flag, type=parse_bool, metavar="BOOL", **kw)
         elif isinstance(default, list):
-            ap.add_argument(flag, type=int, nargs=3, default=default, metavar="LAYER", help=text)
+            ap.add_argument(flag, type=int, nargs=3, metavar="LAYER", **kw)
         else:
-            ap.add_argument(flag, type=type(default), default=default, choices=choices.get(f.name), help=text)
+            ap.add_argument(flag, type=type(default), choices=choices.get(f.name), **kw)
     ap.add_argument("--resume", action="store_true", help="continue from OUT_DIR's latest checkpoint, exactly")
     ap.add_argument("--export", default="", help="after training, export the draft here (rank 0) and validate it")
     ap.set_defaults(func=_train_main)
@@ -49,21 +74,29 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> TrainConfig:
-    """The TrainConfig of parsed `draftlab train` arguments."""
-    d = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    """The TrainConfig of parsed `draftlab train` arguments: the defaults, then --config's file, then the
+    flags given on the command line."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    d = {name: getattr(args, name) for name in names}
+    if getattr(args, "config", ""):
+        given = getattr(args, "given", set())
+        d.update({k: v for k, v in load_recipe(args.config).items() if k not in given})
     d["capture_layers"] = list(d["capture_layers"] or [])
+    if not d["target"]:
+        raise InputError("--target is required: the model the draft will serve (a folder, .gguf, Hub id or embedded)")
     return TrainConfig(**d)
 
 
 def _train_main(args) -> int:
     result = train(config_from_args(args), resume=args.resume)
+    refuse_if_learned_nothing(result)
     _, rank, _ = dist_info()
     if args.export and rank == 0 and result["finished"]:
         export_draft(result["draft"], args.export, max_position_embeddings=result["target"].max_position_embeddings)
         problems = validate(args.export, result["target"], allow_eagle1=not result["draft"].use_aux)
-        print(
-            f"exported {args.export}: " + ("conforms to the EAGLE-3 contract" if not problems else "; ".join(problems))
-        )
+        if problems:
+            raise RunFailure(f"exported {args.export}: {'; '.join(problems)}")
+        print(f"exported {args.export}: conforms to the EAGLE-3 contract")
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
@@ -115,6 +148,8 @@ def _export_main(args) -> int:
     """
     try:
         if args.validate_only:
+            if not Path(args.out).is_dir():
+                raise InputError(f"{args.out}: no such folder (--validate-only checks an exported draft folder)")
             target = _target_config(args.target) if args.target else None
             problems = validate(args.out, target, allow_eagle1=args.allow_eagle1)
         else:

@@ -1,7 +1,8 @@
 """TrainConfig: the training recipe and its defaults, in one place.
 
-Every default of the recipe lives here; the CLI, notebooks 04/07 and the side-by-side runner
-read it from this dataclass instead of repeating the numbers.
+The defaults are the best recipe measured in SGLang (recipes/eagle3-best.yaml gives its evidence;
+tests/test_recipe_files.py holds the file equal to these defaults). The CLI, notebooks 04/07 and the
+side-by-side runner read them from this dataclass instead of repeating the numbers.
 """
 
 from __future__ import annotations
@@ -21,45 +22,49 @@ class TrainConfig:
     val_file: str = ""  # validation conversations (JSONL); empty: no eval
     out_dir: str = "results/dev/train/eagle3"  # logs, checkpoints, vocab.json
     token_cache: str = ""  # tokenised conversations' cache; empty: <out_dir>/../tokens (rows of a study share one)
-    target: str = "tiny"  # target spec for draftlab.model.target.load_target
+    target: str = ""  # the model the draft serves (folder, .gguf, Hub id, embedded); required: a draft fits one
     arch: str = "eagle3"  # eagle3 (three aux states + fc) or eagle1 (final state only, no fc)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     capture_layers: list = field(default_factory=list)  # empty: SGLang default [2, N//2, N-3]
-    draft_vocab_size: int = 32000  # draft vocabulary: the most frequent assistant tokens (d2t/t2d maps)
+    draft_vocab_size: int = 16000  # draft vocabulary: the most frequent assistant tokens (d2t/t2d maps)
     intermediate_size: int = 0  # draft MLP width; 0: the target's
-    fc_norm: str = "none"  # RMSNorm before fc: none | per_layer (SGLang fc_norm) | concat (norm_before_fc)
-    init_from_target: bool = False  # lm_head rows and final norm from the target (worse on quick: notes/issue5.md)
+    fc_norm: str = "auto"  # RMSNorm before fc: none | per_layer (SGLang fc_norm) | concat | auto: per_layer on eagle3
+    init_from_target: bool = False  # lm_head rows and final norm from the target (measured worse on quick)
     max_len: int = 2048  # tokens per conversation
     overlong: str = "truncate"  # conversations longer than max_len: truncate | drop
     max_train_samples: int = 0  # training conversations at most; 0: all
     max_val_samples: int = 256  # validation conversations at most
-    epochs: float = 2.0  # passes over the training conversations
+    epochs: float = 5.0  # passes over the training conversations
     batch_tokens: int = 16384  # padded tokens per micro-batch (per process)
     max_batch: int = 64  # sequences per micro-batch at most
     grad_accum: int = 1  # micro-batches per optimizer step
     ttt_steps: int = 7  # training-time-test unroll: draft positions trained per step
     step_decay: float = 0.8  # loss weight of unroll position i is step_decay**i
     loss: str = "soft"  # soft: CE against the target's softmax over the draft vocabulary | hard: against its arg-max
-    lr: float = 1e-4  # AdamW peak learning rate
+    lr: float = 1e-3  # AdamW peak learning rate
     warmup_ratio: float = 0.015  # share of the steps spent warming the learning rate up (then lr_schedule)
     lr_schedule: str = "cosine"  # after the warm-up: cosine (decay to 0) | linear (to 0) | constant (the peak held)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 0.5  # gradient norm clip
-    hidden: str = "online"  # target states: online (a target forward every step) | offline (stored once)
+    hidden: str = "online"  # target states: online (a forward a step) | offline (stored once) | sglang (SGLang's)
     hidden_dir: str = ""  # offline shards (default: <out_dir>/../hidden/<split>)
     hidden_dtype: str = "auto"  # offline storage: auto = bfloat16 on GPU, float32 on CPU
+    sglang_args: str = ""  # hidden sglang: the target's SGLang launch flags, given as --sglang-args="--tp-size 8 ..."
     log_every: int = 10  # optimizer steps between lines of train.log
     eval_every: int = 200  # optimizer steps between validation passes
     save_every: int = 500  # optimizer steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # checkpoints kept in out_dir (older ones are deleted)
-    stop_after: int = 0  # stop after this many steps in this call (simulated crash / time box); 0: run to the end
-    stop_at: float = 0.0  # time.time() at which this call checkpoints and stops (a device call's deadline); 0: none
+    stop_after: int = 0  # stop after this many steps in this call (a simulated crash); 0: run to the end
     seed: int = 0  # random seed (data order, initialisation)
     threads: int = 2  # torch threads on CPU
-    pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: LOG.md)
+    pad_multiple: int = 1  # batch length rounded up to this (64 helped only cuDNN's attention: dev/LOG.md)
     recompute_head: bool = True  # CUDA: recompute each TTT step's [N,Vd] logits in backward (memory for time)
     compile: bool = False  # torch.compile the TTT unroll step and the step loss (same arithmetic, fused kernels)
     attention: str = "auto"  # SDPA kernel: auto (torch picks; cuDNN off on CUDA) | cudnn | efficient | flash | math
+
+    def __post_init__(self):
+        if self.fc_norm == "auto":  # the best recipe's norm where there is an fc to norm
+            self.fc_norm = "per_layer" if self.arch == "eagle3" else "none"
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

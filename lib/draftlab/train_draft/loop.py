@@ -22,12 +22,13 @@ from transformers import get_scheduler
 
 from draftlab.core.files import atomic_write_json
 from draftlab.core.progress import tqdm
-from draftlab.core.records import RecordError
+from draftlab.core.stop import graceful_stop
 from draftlab.model.chat_data import load_tokenized
-from draftlab.model.contract import FC_NORMS
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
 from draftlab.model.hidden import OfflineHidden, precompute_hidden
 from draftlab.model.target import autocast, avoid_cudnn_attention, load_target, resolve_device
+from draftlab.sglang.head_target import load_head_target
+from draftlab.sglang.hidden_cli import capture_for_training
 from draftlab.train_draft.checkpoint import (
     Logs,
     check_same_recipe,
@@ -38,9 +39,14 @@ from draftlab.train_draft.checkpoint import (
     summarize,
 )
 from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.guards import (
+    check_against_target,
+    check_settings,
+    check_trainable,
+    learned_nothing,
+    load_target_or_refuse,
+)
 from draftlab.train_draft.objective import (
-    ATTENTION_KERNELS,
-    LOSSES,
     Features,
     TTTObjective,
     _all_reduce,
@@ -89,9 +95,16 @@ class TrainingRun:
         self._mark = time.time()
 
     def run(self) -> dict:
-        self.setup()
-        self.loop()
-        return self.finish()
+        """Set up, train, finish; a first SIGTERM/SIGINT ends the step, checkpoints and raises core.stop.Stopped."""
+        hint = "rerun the same command" + ("" if self.resume else " with --resume") + " to continue"
+        with graceful_stop(hint) as self.stop:
+            self.setup()
+            self.loop()
+            result = self.finish()
+            if self.halted:
+                saved = f"checkpoint ckpt-{self.step:07d}" if self.step > self.started else "no new step to save"
+                self.stop.stopped(f"training {self.out_dir} at step {self.step} of {self.total_steps} ({saved})")
+        return result
 
     def setup(self) -> None:
         """Every phase before the step loop, in order (a profiler of the loop calls this too)."""
@@ -119,30 +132,7 @@ class TrainingRun:
         """Everything that can be checked without the target, before the seconds it takes to load it:
         the settings, that the input files are files, and on resume that the checkpoint's recipe is this one."""
         cfg = self.cfg
-        if cfg.arch not in ("eagle3", "eagle1"):
-            raise ValueError(f"arch = {cfg.arch!r}, expected eagle3 or eagle1")
-        if cfg.hidden not in ("online", "offline"):
-            raise ValueError(f"hidden = {cfg.hidden!r}, expected online or offline")
-        if cfg.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule = {cfg.lr_schedule!r}, expected one of {list(LR_SCHEDULES)}")
-        if cfg.loss not in LOSSES:
-            raise ValueError(f"loss = {cfg.loss!r}, expected one of {list(LOSSES)}")
-        if cfg.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"attention = {cfg.attention!r}, expected one of {list(ATTENTION_KERNELS)}")
-        if cfg.fc_norm not in FC_NORMS or (cfg.fc_norm != "none" and cfg.arch != "eagle3"):
-            raise ValueError(
-                f"fc_norm = {cfg.fc_norm!r}, expected one of {list(FC_NORMS)} (eagle3 only: eagle1 has no fc)"
-            )
-        if not cfg.train_file:
-            raise RecordError("train_file is not set (--train-file: canonical conversations, JSONL)")
-        for name in ("train_file", "val_file"):
-            path = Path(getattr(cfg, name)) if getattr(cfg, name) else None
-            if path is not None and not path.is_file():
-                what = "is a folder" if path.is_dir() else "does not exist"
-                raise RecordError(
-                    f"{path}: {name} {what}; it must be a JSONL file of conversations "
-                    "(notebook 03_regenerate writes data/regen/train.jsonl)"
-                )
+        check_settings(cfg, LR_SCHEDULES)
         if self.resume:
             try:
                 ck = find_checkpoint(cfg.out_dir)
@@ -173,7 +163,9 @@ class TrainingRun:
 
     def load_target(self) -> None:
         if self.target is None:
-            self.target = load_target(self.cfg.target, device=self.device)
+            load = load_head_target if self.cfg.hidden == "sglang" else load_target  # sglang: no decoder here
+            self.target = load_target_or_refuse(self.cfg.target, self.device, load)
+        check_against_target(self.cfg, self.target)
         self.target.model.requires_grad_(False)
         self._phase_done("target")
         if self.device.startswith("cuda"):
@@ -193,6 +185,7 @@ class TrainingRun:
         """The draft vocabulary (most frequent loss-masked tokens) and the draft model."""
         cfg, target = self.cfg, self.target
         self.counts = token_counts(self.train_ds, target.vocab_size)
+        self.share = check_trainable(self.train_stats, cfg.train_file, self.counts, target.tokenizer)
         self.draft_ids = build_draft_vocab(self.counts, cfg.draft_vocab_size)
         self.layers = list(cfg.capture_layers) or target.capture_layers
         dcfg = draft_config_for_target(
@@ -221,34 +214,21 @@ class TrainingRun:
         cfg, target, layers = self.cfg, self.target, self.layers
         offline = offline_val = None
         use_aux = cfg.arch == "eagle3"
-        if cfg.hidden == "offline":
+        if cfg.hidden in ("offline", "sglang"):
             hdtype = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32}.get(
                 cfg.hidden_dtype, getattr(torch, cfg.hidden_dtype, None)
             )
             hdir = Path(cfg.hidden_dir) if cfg.hidden_dir else self.out_dir.parent / "hidden"
             shard = max(4 * cfg.batch_tokens, 8192)  # tokens per shard: the unit of resumption
-            if self.is_main:
-                precompute_hidden(
-                    target,
-                    self.train_ds,
-                    hdir / "train",
-                    layers,
-                    store_aux=True,
-                    dtype=hdtype,
-                    batch_tokens=cfg.batch_tokens,
-                    shard_tokens=shard,
-                )
-                if self.val_ds is not None:
+            if self.is_main and cfg.hidden == "sglang":
+                capture_for_training(cfg.target, cfg.sglang_args, hdir, self.train_ds, self.val_ds, layers, hdtype)
+            precompute = self.is_main and cfg.hidden == "offline"
+            for split, ds in (("train", self.train_ds), ("val", self.val_ds)) if precompute else ():
+                if ds is not None:
                     precompute_hidden(
-                        target,
-                        self.val_ds,
-                        hdir / "val",
-                        layers,
-                        store_aux=True,
-                        dtype=hdtype,
-                        batch_tokens=cfg.batch_tokens,
+                        target, ds, hdir / split, layers, store_aux=True, dtype=hdtype, batch_tokens=cfg.batch_tokens,
                         shard_tokens=shard,
-                    )
+                    )  # fmt: skip
             if self.world > 1:
                 torch.distributed.barrier()
             offline = OfflineHidden(hdir / "train", self.train_ds)
@@ -321,7 +301,7 @@ class TrainingRun:
             f"{n_params / 1e6:.1f}M trainable, vocab coverage {coverage(self.counts, self.draft_ids):.3f}, "
             f"{self.total_steps} steps x {self.per_step} micro-batches, world {self.world}, device {self.device}; "
             f"set-up {sum(self.phases.values()):.1f} s "
-            f"({', '.join(f'{k} {v:.1f}' for k, v in self.phases.items())})",
+            f"({', '.join(f'{k} {v:.1f}' for k, v in self.phases.items())})\n{self.share}",
             flush=True,
         )
 
@@ -390,7 +370,7 @@ class TrainingRun:
         return step_stats
 
     def after_step(self, epoch, plan, j) -> bool:
-        """Log, evaluate and checkpoint on their schedules; False when stop_after or stop_at ends this call."""
+        """Log, evaluate and checkpoint on their schedules; False when stop_after ends this call."""
         cfg, step, total = self.cfg, self.step, self.total_steps
         if self.is_main and (step % cfg.log_every == 0 or step == total):
             dt = time.time() - self.t0
@@ -409,30 +389,32 @@ class TrainingRun:
             self.last_eval = {"step": step, **self.evaluate()}
             if self.is_main:
                 self.logs.log("eval", self.last_eval)
-        if self.is_main and (step % cfg.save_every == 0 or step == total):
-            save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+        if step % cfg.save_every == 0 or step == total:
+            self.save(epoch, j)
         if self.world > 1 and step % cfg.save_every == 0:
             torch.distributed.barrier()
-        if step < total and ((cfg.stop_after and step - self.started >= cfg.stop_after) or self.out_of_time()):
-            if self.is_main:
-                save_checkpoint(self.out_dir, step, self.draft, self.opt, self.sched, cfg, self.where_now(epoch, j))
+        if step < total and ((cfg.stop_after and step - self.started >= cfg.stop_after) or self.stop_asked()):
+            self.save(epoch, j)
             return False
         return True
 
-    def out_of_time(self) -> bool:
-        """stop_at has passed. One process reads its clock; several go by rank 0's, asked every log_every
-        steps (a broadcast and a device sync, which the step loop otherwise avoids; every rank must stop
-        at the same step)."""
-        cfg = self.cfg
-        if not cfg.stop_at:
-            return False
-        if self.world == 1:
-            return time.time() >= cfg.stop_at
-        if self.step % cfg.log_every:
-            return False
-        late = torch.tensor([float(time.time() >= cfg.stop_at)], device=self.device)
-        torch.distributed.broadcast(late, src=0)
-        return bool(late.item())
+    def save(self, epoch, j) -> None:
+        """A checkpoint of this step on rank 0 (once: a stop right after a scheduled save adds none)."""
+        if self.is_main and self.saved != self.step:
+            save_checkpoint(
+                self.out_dir, self.step, self.draft, self.opt, self.sched, self.cfg, self.where_now(epoch, j)
+            )
+        self.saved = self.step
+
+    def stop_asked(self) -> bool:
+        """A signal came (core.stop). Several processes agree every step (each may get it at another step;
+        the step loop syncs on its stats anyway), so that every rank stops at the same one."""
+        if self.world > 1:  # the signal any rank got, on every rank
+            asked = torch.tensor([float(self.stop.requested)], device=self.device)
+            torch.distributed.all_reduce(asked, op=torch.distributed.ReduceOp.MAX)
+            self.stop.requested = self.stop.requested or int(asked.item())
+        self.halted = bool(self.stop)
+        return self.halted
 
     def loop(self) -> None:
         cfg = self.cfg
@@ -443,20 +425,26 @@ class TrainingRun:
             total=self.total_steps, initial=self.step, unit="step", desc=f"train {cfg.arch}", disable=not self.is_main
         )
         self.t0, self.tok_seen, self.window = time.time(), 0, torch.zeros(cfg.ttt_steps, 4)
-        self.last_eval, self.started = None, self.step
+        self.last_eval, self.started, self.saved, self.halted = None, self.step, self.step, False
+        self.losses, self.supervised = [], 0.0  # this call's steps: what learned_nothing reads
         if self.val_ds is not None and self.step == 0:  # the untrained draft: the baseline of the curves
             self.last_eval = {"step": 0, **self.evaluate()}
             if self.is_main:
                 self.logs.log("eval", self.last_eval)
                 print(f"step-0 evaluation: {time.time() - self.t0:.1f} s", flush=True)
             self.t0 = time.time()
-        while self.step < self.total_steps:
-            epoch, plan, j = self.where[self.step]
-            self.window += _all_reduce(self.train_step(epoch, plan, j)).cpu()
-            self.bar.update(1)
-            if not self.after_step(epoch, plan, j):
-                break
-        self.bar.close()
+        try:
+            while self.step < self.total_steps and not (self.step == self.started and self.stop_asked()):
+                epoch, plan, j = self.where[self.step]
+                stats = _all_reduce(self.train_step(epoch, plan, j)).cpu()  # [ttt_steps, 4] summed over ranks
+                self.window += stats
+                self.losses.append(summarize(stats, cfg.step_decay)["loss"])
+                self.supervised += float(stats[:, 1].sum())
+                self.bar.update(1)
+                if not self.after_step(epoch, plan, j):
+                    break
+        finally:  # a forced stop too: its error line then starts a line of its own
+            self.bar.close()
 
     def finish(self) -> dict:
         """The result (and summary.json on rank 0)."""
@@ -482,6 +470,7 @@ class TrainingRun:
             "train_tokens": sum(self.lengths),
             "vocab_coverage": coverage(self.counts, self.draft_ids),
             "world": self.world,
+            "learned_nothing": learned_nothing(self.losses, self.supervised),  # None, or why not one step taught
         }
         if self.is_main and self.cfg.compile:
             print(compile_report(), flush=True)  # into the row's train.log: where the first step's minute went

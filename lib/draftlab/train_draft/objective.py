@@ -115,9 +115,9 @@ EVENTS = ("hit", "miss")
 
 def compile_report(top: int = 8) -> str:
     """torch's own account of its compile time in this process, the largest entries (nested: a phase includes
-    its parts). Why: a compiled run's first step took 56-70 s on the H200 even with warm caches (2026-12-04),
+    its parts). Why: a compiled run's first step took 56-70 s on the H200 even with warm caches,
     and only the compiler can say whether that is tracing, AOT autograd or loading kernels. The CSV form: the
-    string form is laid out by `tabulate` where it is installed (the H200's torch printed "none" so, 2026-12-04)."""
+    string form is laid out by `tabulate` where it is installed (the H200's torch printed "none" so)."""
     try:
         from torch._dynamo.utils import compile_times, counters  # private, but what torch itself prints
 
@@ -172,7 +172,7 @@ class TTTObjective(nn.Module):
     def eager(self):
         """The objective without its compiled parts while inside: evaluation. Why: its no_grad graphs would
         compile again for a few batches of work; the step-0 evaluation took 47 s with `compile` on the H200
-        (2026-12-02, three rows at once), of the first 90 s before step 10."""
+        (three rows at once), of the first 90 s before step 10."""
         compiled = self.draft.ttt_step_fn, self.step_loss
         self.draft.ttt_step_fn, self.step_loss = None, self._step_loss
         try:

@@ -48,14 +48,14 @@ def child_env(n_children: int) -> dict:
     """The environment for each child: the cores split between them, unless OMP_NUM_THREADS is set.
 
     16 OpenMP threads per process on 16 cores made every small CPU op of the set-up spin against
-    the other process (LOG.md, 2026-11-30, fourth session)."""
+    the other process (dev/LOG.md)."""
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n_children))
     return {**os.environ, "OMP_NUM_THREADS": threads}
 
 
 def _terminate_with_parent() -> None:
-    """A child gets SIGTERM when the process that started it dies: a notebook kernel killed at a deadline must
-    not leave trainings running on the GPU."""
+    """A child gets SIGTERM when the process that started it dies: a killed notebook kernel must not leave
+    trainings running on the GPU (each checkpoints on the signal, core.stop, and a rerun resumes it)."""
     die_with_parent(signal.SIGTERM)
 
 

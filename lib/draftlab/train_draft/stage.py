@@ -12,6 +12,7 @@ from pathlib import Path
 from draftlab.model.chat_data import split_holdout
 from draftlab.model.export import export_draft, validate
 from draftlab.train_draft.config import TrainConfig
+from draftlab.train_draft.guards import refuse_if_learned_nothing
 from draftlab.train_draft.loop import train
 from draftlab.train_draft.parallel import train_side_by_side
 
@@ -28,11 +29,13 @@ def training_inputs(run_dir, val_samples: int, seed: int) -> tuple[Path, Path]:
 
 
 def train_configs(run_dir, archs, recipe: dict) -> dict:
-    """One TrainConfig per architecture, each in RUN_DIR/train/<arch>; the recipe's norm before fc
-    (fc_norm) goes to eagle3 only, the one architecture with an fc."""
+    """One TrainConfig per architecture, each in RUN_DIR/train/<arch>; a setting that is None (or absent)
+    is TrainConfig's, the best measured recipe. The norm before fc (fc_norm) goes to eagle3 only, the one
+    architecture with an fc."""
+    recipe = {k: v for k, v in recipe.items() if v is not None}
 
     def for_arch(arch):
-        return {**recipe, "fc_norm": recipe.get("fc_norm", "none") if arch == "eagle3" else "none"}
+        return {**recipe, "fc_norm": recipe.get("fc_norm", "auto") if arch == "eagle3" else "none"}
 
     return {
         arch: TrainConfig(**for_arch(arch), arch=arch, out_dir=str(Path(run_dir) / "train" / arch)) for arch in archs
@@ -53,6 +56,7 @@ def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume:
     for arch, cfg in configs.items():
         if arch not in results:  # one after the other, each exported as soon as it is trained
             results[arch] = train(cfg, resume=resume, target=target)
+        refuse_if_learned_nothing(results[arch])
         out = Path(run_dir) / "drafts" / arch
         export_draft(
             results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings, dtype=export_dtype

@@ -17,7 +17,7 @@ def token_counts(samples, vocab_size: int) -> torch.Tensor:
 
     One bincount over all rows. A bincount and a V-wide add per row took 3.0 s for 21,612 rows on
     the 2-core VM, but ~345 s on the H200 machine with two trainings side by side (16 cores, 16
-    OpenMP threads each): every small parallel region fought for the cores (LOG.md, 2026-11-30)."""
+    OpenMP threads each): every small parallel region fought for the cores (dev/LOG.md)."""
     ids: list[int] = []
     for s in samples:
         ids.extend(t for t, m in zip(s["input_ids"], s["loss_mask"]) if m)

@@ -1,0 +1,1 @@
+"""Research programmes over draftlab's public API; not installed with the product."""
