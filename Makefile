@@ -79,11 +79,12 @@ lab: setup
 	    --port=$(PORT) $(if $(TOKEN),--IdentityProvider.token=$(TOKEN)) \
 	    --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-## readme: README.md's results block from the published run's summary.json (results/reference), and that
-## run's speedup-by-chain figure redrawn from its metrics.json (non-lossless runs marked); tests check both
+## readme: README.md's headline (the best draft, from the recipe study's combined table) and docs/results.md's
+## block of the published run (its summary.json), and that run's speedup-by-chain figure redrawn from its
+## metrics.json (non-lossless runs marked); tests check all three
 readme: setup
 	$(PY) -m draftlab.benchmark_acceptance.report results/reference
-	$(PY) -m draftlab.run.published README.md
+	$(PY) -m draftlab.run.published README.md docs/results.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,4 +1,4 @@
-"""The import rules of ARCHITECTURE.md, read from the source with ast (nothing is imported).
+"""The import rules of docs/architecture.md, read from the source with ast (nothing is imported).
 
 Layers: core -> model -> engine -> sglang -> run -> the stage packages in notebook order. A
 module imports only its own layer or lower ones; a stage imports earlier stages only through
@@ -109,7 +109,7 @@ def test_layers_and_stage_order():
             elif b not in SHARED:
                 bad.append(f"{where}: {src} imports {dst}, which is in no layer")
         else:
-            bad.append(f"{where}: {src} is in no layer (add it to a package of ARCHITECTURE.md)")
+            bad.append(f"{where}: {src} is in no layer (add it to a package of docs/architecture.md)")
     assert not bad, "\n".join(bad)
 
 

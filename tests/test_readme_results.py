@@ -1,9 +1,11 @@
-"""README.md's results block is what the published run's summary.json says (issue 20.4): rendered by
+"""The results blocks are what their records say: README.md's headline (the best draft, from the recipe
+study's combined table) and docs/results.md's block of the published run (its summary.json), rendered by
 `make readme` (draftlab.run.published), never typed; SGLang's figures, when a run has them, are shown
 apart and labelled as SGLang's."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -16,20 +18,51 @@ from draftlab.run import published
 ROOT = Path(__file__).parents[1]
 
 
-def test_readme_block_agrees_with_the_published_summary():
-    new, changed = published.update(ROOT / "README.md")
-    assert not changed, f"README.md's results block of {changed} is not what summary.json gives: run `make readme`"
-    assert published.main(["--check", str(ROOT / "README.md")]) == 0
+DOCS = [ROOT / "README.md", ROOT / "docs" / "results.md"]
+
+
+def test_every_block_agrees_with_its_record():
+    for doc in DOCS:
+        new, changed = published.update(doc)
+        assert not changed, f"{doc.name}'s blocks {changed} are not what their records give: run `make readme`"
+    assert published.main(["--check", *map(str, DOCS)]) == 0
+
+
+def test_the_readme_headline_is_the_best_recipes_draft_beside_the_reference_recipes():
+    """One headline draft: the row the best recipe file names, its base read in the same call."""
+    text = (ROOT / "README.md").read_text()
+    m = published.HEADLINE.search(text)
+    assert m and m.group("row") in (ROOT / "recipes" / "eagle3-best.yaml").read_text()
+    rows = {r["row"]: r for r in csv.DictReader((ROOT / m.group("table")).open())}
+    best = rows[m.group("row")]
+    held = float(best["sglang_acceptance_held_out"])
+    assert f"**{held:.2f}**" in m.group("body") and f"| {held / float(best['gain_held_out']):.2f} |" in m.group("body")
+    assert not published.BLOCK.search(text)  # the reference run's block lives in docs/results.md
+
+
+def test_a_changed_table_makes_the_headline_check_fail(tmp_path):
+    table = tmp_path / "results" / "table.csv"
+    table.parent.mkdir()
+    shutil.copy(ROOT / "results" / "recipes" / "combined" / "table.csv", table)
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- headline: results/table.csv best-data2x base -->\nstale\n<!-- /headline -->\n")
+    assert published.main(["--check", str(doc)]) == 1
+    assert published.main([str(doc)]) == 0 and published.main(["--check", str(doc)]) == 0
+    table.write_text(table.read_text().replace("4.100458949515553", "4.5"))
+    assert published.main(["--check", str(doc)]) == 1
+    published.main([str(doc)])
+    assert "**4.50**" in doc.read_text()
 
 
 def test_every_headline_number_is_in_the_summary_and_every_figure_exists():
-    text = (ROOT / "README.md").read_text()
-    m = next((b for b in published.BLOCK.finditer(text) if b.group("run") == "results/reference"), None)
-    assert m and m.group("run") == "results/reference"
-    summary = json.loads((ROOT / m.group("run") / "summary.json").read_text())
+    doc = ROOT / "docs" / "results.md"
+    text = doc.read_text()
+    m = next((b for b in published.BLOCK.finditer(text) if b.group("run") == "../results/reference"), None)
+    assert m
+    summary = json.loads((doc.parent / m.group("run") / "summary.json").read_text())
     assert published.fmt("speedup_batch1", summary["speedup_batch1"]) in m.group("body")
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", m.group("body")):
-        assert (ROOT / link).is_file(), link
+        assert (doc.parent / link).is_file(), link
     outside = text[: m.start()] + text[m.end() :]
     for key in ("speedup_batch1", "eagle3_acceptance_s6_heldout"):  # no copy of a headline figure typed elsewhere
         assert published.fmt(key, summary[key]) not in outside, key

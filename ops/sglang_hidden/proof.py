@@ -166,19 +166,40 @@ def write(name: str, result: dict) -> None:
     print(json.dumps(result, indent=1)[:4000])
 
 
+def random_copy(src: Path, folder: Path) -> Path:
+    """src's config and tokenizer files with seeded random bf16 weights (made once): the embedded
+    target's shape and tokens where its weights are not on the machine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (folder / "model.safetensors").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors"):
+            (folder / f.name).write_bytes(f.read_bytes())
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    return folder
+
+
 def embedded(args) -> None:
-    model_dir, tokenizer = resolve_path("embedded"), load_tokenizer("embedded")
+    spec, weights = args.model, "real"
+    if spec != "embedded" and not any(Path(spec).glob("*.safetensors")):
+        spec, weights = str(random_copy(Path(spec), WORK / "target-random")), "random bf16, seed 0"
+    model_dir, tokenizer = resolve_path(spec), load_tokenizer(spec)
     rows, _ = tokenize_rows(conversations(args.n), tokenizer, 2048, where="synthetic")
     ds = datasets.Dataset.from_list(rows)
     plan = capture_plan(read_config("embedded"))
     summary = capture(model_dir, plan, FLAGS, ds, WORK / "embedded", "embedded")
     got = from_store(OfflineHidden(WORK / "embedded" / "store", ds), ds)
-    ref32 = reference("embedded", ds, plan["layers"], torch.float32)
-    ref16 = reference("embedded", ds, plan["layers"], torch.bfloat16)
+    ref32 = reference(spec, ds, plan["layers"], torch.float32)
+    ref16 = reference(spec, ds, plan["layers"], torch.bfloat16)
     h = plan["hidden_size"]
     vs32, base = compare(got, ref32, h), compare(ref16, ref32, h)
     prefill = prefill_tok_s(model_dir, FLAGS, ds, WORK / "embedded" / "prefill.log")
     write("embedded", {
+        "target": args.model, "weights": weights,
         "conversations": len(ds), "tokens": summary["tokens"], "plan": plan, "sglang_command": summary["command"],
         "sglang_vs_transformers_fp32": vs32, "transformers_bf16_vs_fp32": base,
         "sglang_vs_transformers_bf16": compare(got, ref16, h),
@@ -267,6 +288,8 @@ def main() -> None:
         p.add_argument("--sglang-args", default="", help="extra server flags (deepseek)")
         p.add_argument("--tp", type=int, default=2)
         p.add_argument("--shape", default="llama-3.2-1b", help="data/configs folder of the tp model's shape")
+        p.add_argument("--model", default="embedded", help="embedded: a target spec, or a folder of config and "
+                       "tokenizer files (random weights of that shape when it holds none)")  # fmt: skip
     args = ap.parse_args()
     {"embedded": embedded, "deepseek": deepseek, "tp": tp}[args.what](args)
 

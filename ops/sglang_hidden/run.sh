@@ -10,7 +10,7 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 for step in ${STEPS:-embedded deepseek}; do
   case $step in
-    embedded) $PY ops/sglang_hidden/proof.py embedded --n "${N:-64}" ;;
+    embedded) $PY ops/sglang_hidden/proof.py embedded --n "${N:-64}" --model "${MODEL:-embedded}" ;;
     deepseek) $PY ops/sglang_hidden/proof.py deepseek --n "${N_DEEPSEEK:-8}" ;;
     tp) $PY ops/sglang_hidden/proof.py tp --tp "${TP:-2}" --n "${N:-64}" ;;
     *) echo "unknown step $step (embedded, deepseek, tp)" >&2; exit 2 ;;
