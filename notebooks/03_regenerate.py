@@ -146,7 +146,7 @@ nb.save_metrics(run, {
 
 # %% [markdown]
 # ## Findings
-# - Quick profile, measured 2026-11-29 (96 prompt-only coding prompts from the offline blend,
+# - Quick profile, measured on the development CPU (96 prompt-only coding prompts from the offline blend,
 #   SmolLM2-135M-Instruct via `transformers serve --continuous-batching` on the 2-core CPU, 16
 #   concurrent requests, max_tokens 48): 96/96 rows done, 0 errors, 0 retries; every answer ended
 #   at `length` (these prompts ask for test files, far longer than 48 tokens), kept and flagged.

@@ -125,7 +125,7 @@ nb.save_metrics(run, stage.metrics(results, exports, run.dir, {k: getattr(used, 
 # - Both exports pass `draftlab.model.export.validate` (the line printed under section 2 says so, and
 #   `export_deviations` in `metrics.json` is empty); the EAGLE-1-style folder is for the ablation
 #   only: it has no `fc`, and SGLang's EAGLE3 cannot serve it.
-# - Reference quick run on the CPU (2026-11-29; 48 HumanEval-style conversations, one epoch,
+# - Reference quick run on the CPU (48 HumanEval-style conversations, one epoch,
 #   18 steps of TTT 4): simulated acceptance length 1.17 for EAGLE-3 vs 1.10 for the
 #   EAGLE-1-style draft, acc_0 0.157 vs 0.097; per-step accuracy falls with the step index, as
 #   later steps see the draft's own hidden states. These are tens of conversations: the published

@@ -51,7 +51,7 @@ SPEC_MAX_NEW_TOKENS = 8  # tokens generated per prompt there
 INCLUDE_04_DRAFTS = True  # add 04's drafts (all the data) as points when their recipe equals this one
 THREADS = 1  # torch CPU threads (1 is faster on a busy shared CPU)
 FACTOR = 10.0  # extrapolate to FACTOR x the largest subset
-GOAL = 4.0  # acceptance length goal drawn on the figure (issue 8, EAGLE-3 chain at six steps)
+GOAL = 4.0  # acceptance length goal drawn on the figure (the EAGLE-3 chain at six steps)
 SGLANG_SIZE_CURVE = ""  # the recipe study's size_curve.json (results/recipes/size-curve/); "" skips the SGLang curve
 
 # %%
@@ -70,7 +70,7 @@ work = run.dir / "scaling"
 # so a smaller subset also gets fewer optimizer steps: the curve mixes data volume with
 # optimisation. Check that the recipe has converged before reading it as a data curve: on one H200,
 # 5 epochs over the same 21,612 conversations instead of 2 took simulated acceptance from 2.34 to
-# 3.94 (`results/h200-epochs5-2026-12-01` in git history; results/README.md), beyond what the
+# 3.94 (an earlier published run, in git history: results/README.md), beyond what the
 # 2-epoch study predicted for 10x data.
 
 # %%

@@ -51,7 +51,9 @@ def embedded_export(tmp_path_factory, embedded_config):
 
 def test_embedded_export_matches_contract(embedded_export, embedded_config):
     out, _, _ = embedded_export
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "provenance.json"]
+    record = json.loads((out / "provenance.json").read_text())  # how to make this draft again
+    assert record["commit"] and record["command"] and {"torch", "safetensors", "python"} <= set(record["versions"])
     header = read_safetensors_header(out / "model.safetensors")
     got = {n: (v["shape"], v["dtype"]) for n, v in header.items() if n != "__metadata__"}
     assert got == EMBEDDED_EXPECTED  # every name, shape and dtype; nothing else (no embedding, no prefix)

@@ -145,8 +145,8 @@ def build_parser(argv: list[str] | None = None, lazy: bool = True) -> argparse.A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command: an expected failure is one line on stderr, not a traceback (issue 19.5;
-    core.errors.run_command is the one place that decides how)."""
+    """Run one command: an expected failure is one line on stderr, not a traceback
+    (core.errors.run_command is the one place that decides how)."""
     try:
         args = build_parser(argv).parse_args(argv)
         return run_command(args.func, args)  # a DraftlabError: one `error: ...` line, exit 1 or 2

@@ -302,7 +302,7 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
 
 def server_tokens_per_s(window: dict) -> float | None:
     """A window's tokens over the server's own seconds (server_s); None without them (windows from before
-    2026-12-04). A batch-1 figure: at higher batches the requests overlap and their seconds exceed the wall."""
+    dev/LOG.md). A batch-1 figure: at higher batches the requests overlap and their seconds exceed the wall."""
     server_s = window.get("server_s")
     return window["completion_tokens"] / server_s if server_s and server_s > 0 else None
 

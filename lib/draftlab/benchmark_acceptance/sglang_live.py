@@ -142,7 +142,7 @@ def measure_server(
 ) -> tuple[list[Window], list[Reply]]:
     """One server's turn: per concurrency `warmup` unmeasured windows, then one flushed, measured one
     (measure() takes its repeats in rounds over all servers); the replies of the window at the entry's
-    first concurrency (batch 1 in a study). (Measured 2026-12-01: with 4
+    first concurrency (batch 1 in a study). (Measured on the H200: with 4
     warm-up prompts the first server measured ran its first three batch-1 windows at 490 tok/s and its
     fifth at 736: the kernels were still compiling.)
 
@@ -223,7 +223,7 @@ def measure(
     """Start every server of `entries` not yet measured in `out`, all at once, then measure them in
     `repeats` rounds: each round one window per concurrency of every server in turn (the first round
     after `warmup` unmeasured windows each). Why rounds: windows of one server taken back to back drift
-    together (2026-12-03, one server after another: a draft with base's acceptance read 0.75x base's
+    together (measured one server after another: a draft with base's acceptance read 0.75x base's
     batch-1 tok/s), so each server's windows are spread over the same stretch of time as the others'.
     All servers stay up until the last round. Returns the labels measured now. A first SIGTERM/SIGINT
     lets the server's turn in progress finish (its windows are appended as they end), stops every server
@@ -323,7 +323,7 @@ def summarize(out: str | Path, baseline: str = "baseline"):
     rows = read_windows(out)
     fields = Window.__dataclass_fields__
     # samples per (label, concurrency): batch 1 the oracle's prompts, more at higher concurrency
-    # windows written before a field existed (server_s: 2026-12-04) take its default
+    # windows written before a field existed (server_s) take its default
     table = summarize_windows([Window(**{k: r[k] for k in fields if k in r}) for r in rows], baseline=baseline)
     extra = {r["label"]: r for r in rows}
     for key in ("algorithm", "steps", "topk", "draft_tokens", "server_avg_accept_length", "startup_s"):

@@ -162,7 +162,7 @@ def variant_table(table: pd.DataFrame, steps: int) -> pd.DataFrame:
                 "spec_tok_s": float(spec.tokens_per_s_median.iloc[0]),
                 "acceptance": float(spec.acceptance_length.iloc[0]),
                 "windows": int(spec.windows.iloc[0]),
-                # the same over the servers' own seconds (None for windows from before 2026-12-04)
+                # the same over the servers' own seconds (None for windows from before they were recorded)
                 "server_speedup": _ratio(spec, base, "server_tokens_per_s_median"),
             }
         )

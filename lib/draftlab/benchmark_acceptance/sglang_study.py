@@ -141,7 +141,7 @@ def study_entries(
             )
     for i, e in enumerate(entries):  # graphs for the batch sizes measured (capture time grows with the largest)
         e.command += f" --cuda-graph-max-bs {max(e.concurrency)}"
-        # servers started together each picked a free NCCL port and two got the same (EADDRINUSE, 2026-12-01)
+        # servers started together each picked a free NCCL port and two got the same (EADDRINUSE)
         e.command += f" --nccl-port {port + NCCL_PORT_OFFSET + i}"
     return entries
 

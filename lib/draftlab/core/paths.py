@@ -26,7 +26,7 @@ def repo_path(path: str | Path) -> Path:
 
 def repo_relative(path: str | Path) -> str:
     """A path inside the checkout written relative to it, any other as given: tables committed to the repo
-    name their inputs, and an absolute path would name one machine's checkout (2026-12-04)."""
+    name their inputs, and an absolute path would name one machine's checkout."""
     root = repo_root()
     if root is not None:
         try:

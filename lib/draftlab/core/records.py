@@ -86,7 +86,7 @@ def jsonl_lines(path: str | Path) -> Iterator[JsonlLine]:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 row, error = None, exc
             # (`not data[end + 1:].strip()` here copied the rest of the file for every line: 6 minutes
-            # for the 21.6K-row regenerated set, 2026-12-01)
+            # for the 21.6K-row regenerated set)
             yield JsonlLine(lineno, pos, row, error, end < 0 or end + 1 >= content_end, end >= 0)
         pos = stop + 1
 

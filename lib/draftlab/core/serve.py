@@ -55,7 +55,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
     """A port free now with the `count - 1` after it, for a group of servers on consecutive ports (a lone
-    free_port() once found the next one taken, 2026-12-03: "Address already in use")."""
+    free_port() once found the next one taken: "Address already in use")."""
     for _ in range(tries):
         port, held = free_port(host), []
         try:

@@ -27,7 +27,7 @@ def saturating(n, y_inf, b, c):
 def logistic(n, log10_n50, k, ceiling):
     """y = 1 + (ceiling - 1) / (1 + (n50 / n)^k): rises ever faster in log n below n50, ever slower above it,
     towards a ceiling that is given, not fitted: a chain of S draft tokens accepts at most S + 1 a cycle. Why:
-    the recipe study's SGLang points bend upwards in log n (2026-12-03), which no concave curve (loglinear,
+    the recipe study's SGLang points bend upwards in log n, which no concave curve (loglinear,
     saturating) follows, and a fitted ceiling ran to the chain's own."""
     return 1.0 + (ceiling - 1.0) / (1.0 + np.power(10.0, k * (log10_n50 - np.log10(np.asarray(n, dtype=float)))))
 
@@ -107,7 +107,7 @@ def fit_curve(n, y, se=None, model: str = "loglinear", ceiling: float | None = N
     cov = np.asarray(cov) * scale
     if not np.all(np.isfinite(cov)):
         return Fit(model, params.tolist(), cov.tolist(), dof, scale, False, "covariance not finite", ceiling)
-    # a parameter pinned at its bound leaves a covariance that means nothing (on 2026-12-02 the saturating
+    # a parameter pinned at its bound leaves a covariance that means nothing (the recipe study's saturating
     # fit of four SGLang points sat at c = 0.001 and drew a 95% band of -1.7e8 .. -1044)
     pinned = [
         name

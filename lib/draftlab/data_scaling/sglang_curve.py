@@ -47,7 +47,7 @@ def size_curve_lines(result: dict) -> list[str]:
         )
     every = result["points"] + result.get("passes", [])
     batches = sorted({p.get("concurrency") for p in every}, key=lambda b: (b is None, b or 0))
-    if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 on 2026-12-02)
+    if len(batches) > 1:  # acceptance moves with the batch (base: 3.06 at 1, 3.17 at 16 in the recipe study)
         lines.append(
             f"WARNING: the points' acceptance was read at different batches ({batches}): measure the "
             "size and passes rows at one concurrency"

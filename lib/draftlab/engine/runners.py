@@ -27,7 +27,7 @@ class SpecConfig:
     max_new_tokens: int = 128
     cuda_graphs: bool | None = None  # None: on when the target is on CUDA
     # Pad each prompt's prefill to a multiple of this many tokens, so that a few CUDA graphs serve
-    # every prompt: an eager prefill is a visible share of a short decode (LOG.md, 2026-12-01,
+    # every prompt: an eager prefill is a visible share of a short decode (dev/LOG.md,
     # "graphed prefill"). The padding's KV lands in slots that the mask hides until a later step
     # overwrites them. None: 64 on CUDA, 0 (exact lengths) elsewhere.
     prefill_bucket: int | None = None
@@ -35,7 +35,7 @@ class SpecConfig:
     # the KV written by beam slot j at the earlier steps, whichever beam held that slot, as
     # SGLang's draft decode reads it (its kv indices are per slot; the KV is not reordered when
     # the next beams are chosen). "ancestors": each beam sees its own ancestors (exact tree
-    # attention; not what SGLang measures). LOG.md, 2026-12-01, "issue 17 tree gap".
+    # attention; not what SGLang measures). dev/LOG.md, "tree gap".
     draft_tree_attention: str = "sglang"
 
     def __post_init__(self):

@@ -405,7 +405,7 @@ class Eagle3Draft(nn.Module):
 
         The step is one graph per (first step or later) x (batch of one or more) x (training or
         no_grad): 8, which is dynamo's default recompile limit, past which it silently runs the step
-        eager (seen on the H200, 2026-12-01). So the limit is raised for this process. (Training's
+        eager (seen on the H200). So the limit is raised for this process. (Training's
         evaluation runs eager: TTTObjective.eager.)"""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.ttt_step_fn = torch.compile(self.ttt_step, dynamic=True)

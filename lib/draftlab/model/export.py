@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from draftlab.core.files import atomic_path, atomic_write
+from draftlab.core.provenance import provenance
 from draftlab.model.capture import config_ids, outside_target, recorded_deepseek
 from draftlab.model.contract import (
     EAGLE3_ARCH,
@@ -132,6 +133,8 @@ def export_draft(draft, folder, max_position_embeddings: int | None = None, dtyp
         save_file(tensors, str(tmp), metadata={"format": "pt"})
         tmp.chmod(0o644)  # safetensors writes 0600; a server may run as another user
     atomic_write(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    record = provenance({"dtype": dtype})  # commit, versions, command: how to make this draft again
+    atomic_write(folder / "provenance.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return folder
 
 

@@ -363,7 +363,7 @@ def avoid_cudnn_attention() -> None:
     cuDNN builds an execution plan for every new input shape, and training batches change shape
     almost every step: on the H200 the real training loop ran 13.8K tok/s with torch's default
     choice (cuDNN) and 75.6K tok/s with the memory-efficient kernel
-    (benchmarks/bench_train_shapes.py; LOG.md, 2026-11-30). DRAFTLAB_CUDNN_SDPA=1 keeps it on,
+    (benchmarks/bench_train_shapes.py; dev/LOG.md). DRAFTLAB_CUDNN_SDPA=1 keeps it on,
     to measure both ways."""
     import torch
 

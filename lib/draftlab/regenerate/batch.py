@@ -2,7 +2,7 @@
 
 On a GPU transformers is launch-bound (a decode step costs about the same at any batch), so a
 server with continuous batching tops out far below plain `generate` at a batch of thousands
-(figures in LOG.md). This backend writes exactly the records of the server backend
+(figures in dev/LOG.md). This backend writes exactly the records of the server backend
 (`draftlab.regenerate`: shards, dropped.jsonl, errors.jsonl, manifest.json, resume by id,
 tqdm progress, `draftlab monitor`), with `meta.regen.backend == "batch"`.
 
@@ -275,7 +275,7 @@ def sweep_batch_sizes(
         gen_kw["cache_implementation"] = "static"
     cuda = str(target.device).startswith("cuda")
     # one untimed call first: CUDA context, kernels and allocator pools would otherwise be charged to
-    # the first size (LOG.md, the reference run's batch-size sweep: batch 2,048, run first without it)
+    # the first size (dev/LOG.md, the reference run's batch-size sweep: batch 2,048, run first without it)
     warm = tok(
         texts[len(texts) // 2 : len(texts) // 2 + 8], return_tensors="pt", padding=True, add_special_tokens=False
     ).to(target.device)

@@ -96,8 +96,8 @@ def bench_client(
     Same server, prompts, concurrency and sampling (greedy). Rounds alternate which client goes
     first (ABBA) so drift and neighbours' load hit both; reported: the ratio of total tokens/s
     and the median of the per-round paired ratios (ours / SDK; >= 1.0: no client overhead).
-    At hundreds of requests in flight the SDK is itself client-bound (one httpx pool; LOG.md
-    2026-12-01), so a ratio says nothing about the feed there: measure that against a fake server
+    At hundreds of requests in flight the SDK is itself client-bound (one httpx pool; dev/LOG.md
+    dev/LOG.md), so a ratio says nothing about the feed there: measure that against a fake server
     (benchmarks/regen_feed.py)."""
     import statistics
     import tempfile

@@ -1,7 +1,7 @@
 """The asyncio client of `/v1/chat/completions` over one or more servers, with retries.
 
 It imports neither torch nor transformers, so the client starts fast; httpx2's connection pool
-is far cheaper than httpx 0.28's at tens of concurrent requests (notes/issue4.md), but still walks
+is far cheaper than httpx 0.28's at tens of concurrent requests (dev/notes/regeneration.md), but still walks
 all its connections per request, so each server's connections are spread over small pools.
 """
 
@@ -14,7 +14,7 @@ import time
 from urllib.parse import urlsplit
 
 try:  # the HTTP client the openai SDK (>= 3) is built on; its connection pool is far cheaper
-    import httpx2 as httpx  # than httpx 0.28's at tens of concurrent requests (notes/issue4.md)
+    import httpx2 as httpx  # than httpx 0.28's at tens of concurrent requests (dev/notes/regeneration.md)
 except ImportError:  # pragma: no cover - older openai releases
     import httpx
 from draftlab.core.errors import InputError, RunFailure
@@ -247,8 +247,8 @@ def reason_kind(reason: str) -> str:
 
 
 # Connections per httpx pool. A pool's bookkeeping walks all its connections twice per request, so
-# one pool of 1,024 made the client CPU-bound far below what the server could take (issue 17.6;
-# figures in LOG.md 2026-12-01): each server's connections are spread over small pools instead.
+# one pool of 1,024 made the client CPU-bound far below what the server could take
+# (figures in dev/LOG.md): each server's connections are spread over small pools instead.
 POOL_CONNECTIONS = 16
 
 

@@ -282,7 +282,7 @@ def regenerate_splits(
                 servers = TargetServers(
                     str(resolve_path(target)), sglang_servers, out_dir, prefix=sglang_prefix or None
                 )
-            else:  # the tiny target's ops are too small for two CPU threads (notes/issue4.md)
+            else:  # the tiny target's ops are too small for two CPU threads (dev/notes/regeneration.md)
                 threads = 1 if target == "tiny" and device == "cpu" else None
                 servers = LocalServer(resolve_path(target), out_dir / "serve.log", device=device, threads=threads)
             srv = stack.enter_context(servers)

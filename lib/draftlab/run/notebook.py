@@ -174,7 +174,7 @@ def seed_everything(seed: int) -> None:
 
 class Saved(type(Path())):
     """A path a notebook cell wrote, shown as `saved <path>`: the cell's result then reads as what
-    happened, not as `PosixPath('...')` beside the figure (issue 20.3)."""
+    happened, not as `PosixPath('...')` beside the figure."""
 
     def __repr__(self) -> str:
         return f"saved {self}"

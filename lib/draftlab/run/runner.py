@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -22,6 +21,7 @@ import yaml
 from draftlab import __version__
 from draftlab.core.errors import InputError
 from draftlab.core.paths import repo_root
+from draftlab.core.provenance import git_commit
 from draftlab.model.target import check_device_name
 from draftlab.run import settings
 from draftlab.run.notebook import (
@@ -109,15 +109,6 @@ def resolve_parameters(notebooks: list[Path], profile: dict, overrides: dict, pr
                 raise ParameterError(str(exc)) from None
         resolved[nb.stem] = values
     return resolved
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(), capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return "unknown"
 
 
 def run_folder_settings(run_dir: Path, profile_name: str | None, overrides: dict) -> tuple[str, dict]:

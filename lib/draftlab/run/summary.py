@@ -1,4 +1,4 @@
-"""Finish a reference run folder: merged params.yaml, summary.json (issue 8's headline keys) and README.md.
+"""Finish a reference run folder: merged params.yaml, summary.json (the headline keys) and README.md.
 
 Usage: python3 -m draftlab.run.summary RUN_DIR   (pack.sh runs it on the GPU machine; it also runs here)
 
@@ -25,7 +25,7 @@ KEYS = (
     "regeneration_tok_s",
     "train_minutes",
 )
-GOALS = [  # (summary key, comparison, goal, issue 8's wording)
+GOALS = [  # (summary key, comparison, goal, its wording)
     ("eagle3_acceptance_s6_heldout", ">=", 4.0, "EAGLE-3 chain acceptance length on held-out prompts at S = 6"),
     ("eagle3_over_eagle1", ">=", 1.3, "EAGLE-3 / EAGLE-1-style acceptance length, same data"),
     ("eagle3_wrong_flag_acceptance", "<=", 1.1, "the EAGLE-3 draft in EAGLE mode"),
@@ -203,7 +203,7 @@ def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> 
     lines += [f"| `{k}` | {fmt(s[k])} | {src.get(k, '')} |" for k in keys]
     if (run / "run_notes.md").is_file():  # what happened in this run that the numbers alone do not say
         lines += ["", (run / "run_notes.md").read_text().strip()]
-    lines += ["", "## Goals (issue 8)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    lines += ["", "## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     for r in g:
         met = "not measured" if r["met"] is None else ("yes" if r["met"] else f"no (missed by {r['short_by']})")
         lines.append(f"| {r['goal']} | {r['target']} | {fmt(r['measured'])} | {met} |")

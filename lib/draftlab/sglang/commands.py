@@ -191,7 +191,7 @@ def sglang_commands(
 
 # One SGLang server of a small target is bound by its scheduler, not the GPU: on one H200 the 135M
 # target gave 15.4K output tok/s at 1,024 running requests (past the CUDA graphs), 28.7K at 512 (the
-# graph limit) and 56.7K with two such servers (LOG.md, 2026-12-01, ninth session).
+# graph limit) and 56.7K with two such servers (dev/LOG.md).
 REGEN_RUNNING = 512  # --max-running-requests = --cuda-graph-max-bs: every decode batch graphed
 REGEN_POOL_TOKENS = 600_000  # KV pool per server: fixed, so servers started together all fit
 REGEN_NCCL_OFFSET = 1000  # torch.distributed's port: its own per server (EADDRINUSE otherwise)
