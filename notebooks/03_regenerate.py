@@ -65,7 +65,7 @@ nb.needs(run, "02_blend")  # one line naming what to run first when 02 has not r
 # ## 1 · Inputs: the blend's prompts
 
 # %%
-blend = run.dir / "data" / "blend"
+blend = run.folder.blend
 inputs = {split: blend / f"{split}.jsonl" for split in SPLITS}
 missing = [str(p) for p in inputs.values() if not p.is_file()]
 if missing:

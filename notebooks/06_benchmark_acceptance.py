@@ -126,7 +126,7 @@ pd.DataFrame(lookup_main)
 # flip a near-tie that one-token decoding would not.
 
 # %%
-fast = sweeps.fast_dtype_runs(TARGET, run.device, DTYPE, FAST_DTYPE, run.dir / "drafts" / CHAIN_ARCHS[0],
+fast = sweeps.fast_dtype_runs(TARGET, run.device, DTYPE, FAST_DTYPE, run.folder.draft(CHAIN_ARCHS[0]),
                               CHAIN_ARCHS[0], sets[first], first, CHAIN_STEPS, FAST_TREES, TREE, MAIN_STEPS,
                               MAX_NEW_TOKENS)
 fig = sweeps.plot_speedup_dtypes(chain, fast, CHAIN_ARCHS[0])  # None without FAST_DTYPE

@@ -299,3 +299,23 @@ def test_sglang_launch_lines_are_built_in_one_module():
         ]
         assert not built, f"{name}: a launch argv built at lines {built}; build it in {LAUNCH_BUILDER}"
     assert LAUNCHER in modules()[LAUNCH_BUILDER].read_text()
+
+
+def test_the_run_folder_layout_has_one_owner():
+    """The run folder is the interface between stages: its places are named in core/run_folder.py alone
+    (RunFolder), so no module or notebook spells another stage's folder."""
+    import re
+
+    # a run folder (run, run_dir, run.dir, self.dir, Path(run_dir)) joined with one of its places' names
+    spelled = re.compile(
+        r'\b(run|run_dir|dir)\)? / "(drafts|data|figures|executed|sglang|metrics\.json|run\.json|params\.yaml)"'
+    )
+    owner = LIB / "core" / "run_folder.py"
+    bad = []
+    for path in [*sorted(LIB.rglob("*.py")), *sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))]:
+        if path == owner:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if spelled.search(line):
+                bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "use draftlab.core.run_folder.RunFolder:\n" + "\n".join(bad)

@@ -21,6 +21,7 @@ from draftlab.core.errors import InputError
 from draftlab.core.overlap import EvalIndex
 from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.dataset_discovery.eval_sets import eval_catalog, prompt_text, shipped_rows
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
 from draftlab.dataset_discovery.traffic import traffic_prompts
@@ -88,7 +89,7 @@ def load_set(name: str, run_dir: str | Path | None = None, limit: int | None = N
             for p in humaneval_problems()
         ]
     elif name == "blend":
-        path = Path(run_dir or "results/dev") / "data" / "blend" / "test.jsonl"
+        path = RunFolder(run_dir or "results/dev").split("blend", "test")
         if not path.is_file():
             raise InputError(f"{path}: missing; run notebook 02_blend (the blend's held-out split) first")
         raw = list(read_jsonl(path))

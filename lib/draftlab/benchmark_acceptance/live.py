@@ -29,6 +29,7 @@ from draftlab.benchmark_acceptance.eval_suite import interleave, is_suite, load_
 from draftlab.core.acceptance import acceptance_length as core_acceptance
 from draftlab.core.progress import tqdm
 from draftlab.core.records import prompt_messages, read_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.dataset_discovery.offline import humaneval_problems, humaneval_prompt
 from draftlab.sglang.commands import sglang_speculative_command, sglang_target_command
 
@@ -71,7 +72,7 @@ def load_eval_set(name: str, run_dir: str | Path | None = None, limit: int | Non
     if name == "humaneval":
         return humaneval_prompts(limit)
     if name == "blend":
-        path = Path(run_dir or "results/dev") / "data" / "blend" / "test.jsonl"
+        path = RunFolder(run_dir or "results/dev").split("blend", "test")
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; run notebook 02_blend (the blend's held-out split) first")
         return jsonl_prompts(path, limit, source="blend/test")

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from draftlab.core.run_folder import RunFolder
 from draftlab.run import notebook as nb
 from draftlab.run import settings
 
@@ -275,7 +276,7 @@ def replot_speedup_by_chain(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    metrics06 = json.loads((run_dir / "metrics.json").read_text())["06_benchmark_acceptance"]
+    metrics06 = json.loads(RunFolder(run_dir).metrics.read_text())["06_benchmark_acceptance"]
     rows = speedup_rows(metrics06)
     fig = plot_speedup_by_chain(rows, note=f"{run_dir.name}: drawn from metrics.json by `make readme`")
     out = run_dir / README_FIGURE

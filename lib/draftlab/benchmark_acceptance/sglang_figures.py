@@ -15,6 +15,7 @@ from pathlib import Path
 from draftlab.benchmark_acceptance.breakeven import as_dict, fit_or_refuse
 from draftlab.benchmark_acceptance.report import figure_run
 from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, read_windows, summarize
+from draftlab.core.run_folder import RunFolder
 from draftlab.run.notebook import finish_figure
 
 __all__ = ["engine_chain_rows", "draw_study_figures", "engine_vs_sglang", "plot_predicted_vs_measured"]
@@ -161,9 +162,9 @@ def draw_study_figures(run: str | Path, steps: int = 6) -> list[Path]:
     import matplotlib.pyplot as plt
 
     run = Path(run)
-    sglang_dir, study = run / "sglang", run / "sglang" / "study"
+    sglang_dir, study = RunFolder(run).sglang, RunFolder(run).sglang_study
     table = summarize(study)
-    figures = run / "figures"
+    figures = RunFolder(run).figures
     figures.mkdir(parents=True, exist_ok=True)
     written = []
 
@@ -183,7 +184,7 @@ def draw_study_figures(run: str | Path, steps: int = 6) -> list[Path]:
     fig3 = plot_predicted_vs_measured(verdict.model, verdict.checks, server_model, server_rates)
     written.append(figures / "sglang_breakeven_engine_vs_sglang.png")
 
-    metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
+    metrics = json.loads(RunFolder(run).metrics.read_text()) if RunFolder(run).metrics.is_file() else {}
     stamped = figure_run(run, metrics.get("06_benchmark_acceptance") or {})  # the run's target, profile, stamps
     for f, path in zip((fig, fig2, fig3), written):
         f.tight_layout()

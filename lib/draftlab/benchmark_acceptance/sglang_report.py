@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from draftlab.benchmark_acceptance.sglang_live import summarize
+from draftlab.core.run_folder import RunFolder
 
 KEYS = (
     "sglang_version",
@@ -45,7 +46,7 @@ def _setting(algorithm, steps, topk, draft_tokens) -> tuple:
 def oracle_gaps(run: str | Path) -> list[dict]:
     """Engine vs SGLang acceptance per setting (batch 1, same prompt ids): (engine - sglang) / sglang."""
     run = Path(run)
-    study = run / "sglang" / "study"
+    study = RunFolder(run).sglang_study
     if not (study / "windows.jsonl").is_file():
         return []
     table = summarize(study)
@@ -55,7 +56,7 @@ def oracle_gaps(run: str | Path) -> list[dict]:
         if r.concurrency == 1 and r.algorithm and not r.variant and r.acceptance_length == r.acceptance_length
     }
     out = []
-    for path in sorted((run / "sglang").glob("oracle_*.json")):
+    for path in sorted(RunFolder(run).sglang.glob("oracle_*.json")):
         for row in json.loads(path.read_text()):
             key = _setting(row["mode"], row["num_steps"], row["topk"], row["num_draft_tokens"])
             if key in sg and int(sg[key].samples) == int(row["samples"]):  # the same first N prompt ids
@@ -78,16 +79,16 @@ def sglang_summary(run: str | Path, metrics: dict | None = None) -> tuple[dict, 
     """(values, sources) for KEYS; None where the run has no such measurement. `metrics`: the run's
     metrics.json (read from RUN when not given) for 03's regeneration figure."""
     run = Path(run)
-    if metrics is None and (run / "metrics.json").is_file():
-        metrics = json.loads((run / "metrics.json").read_text())
+    if metrics is None and RunFolder(run).metrics.is_file():
+        metrics = json.loads(RunFolder(run).metrics.read_text())
     s, src = {k: None for k in KEYS}, {}
-    version = run / "sglang" / "version.txt"
+    version = RunFolder(run).sglang / "version.txt"
     if version.is_file():
         s["sglang_version"], src["sglang_version"] = (
             version.read_text().strip(),
             "sglang/version.txt (import on the GPU)",
         )
-    study = run / "sglang" / "study"
+    study = RunFolder(run).sglang_study
     if (study / "windows.jsonl").is_file():
         t = summarize(study)
         batch1_prompts = int(t[t.concurrency == 1]["samples"].max())
@@ -180,7 +181,7 @@ def write_summary(run: str | Path) -> Path:
     """RUN/sglang/summary.json: values, sources and goals, for run.summary to merge (it reads the
     file, so the run layer never imports this stage)."""
     values, sources = sglang_summary(run)
-    path = Path(run) / "sglang" / "summary.json"
+    path = RunFolder(run).sglang_summary
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"values": values, "sources": sources, "goals": GOALS}, indent=1))
     return path

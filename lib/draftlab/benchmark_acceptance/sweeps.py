@@ -15,6 +15,7 @@ from draftlab.benchmark_acceptance.live import compare_live, load_eval_set
 from draftlab.benchmark_acceptance.lookup import lookup_acceptance
 from draftlab.benchmark_acceptance.report import plot_speedup_by_chain, table
 from draftlab.benchmark_acceptance.sglang_live import fit_server_costs, plot_breakeven_beside
+from draftlab.core.run_folder import RunFolder
 from draftlab.engine import SpecConfig, compare, encode_prompts, public
 from draftlab.model.draft import load_draft
 from draftlab.model.target import load_target
@@ -24,7 +25,7 @@ def load_drafts(run_dir, archs, target) -> dict:
     """Notebook 04's exports, read as SGLang reads them (config.json + model.safetensors)."""
     drafts = {}
     for arch in archs:
-        folder = Path(run_dir) / "drafts" / arch
+        folder = RunFolder(run_dir).draft(arch)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: no exported draft; run notebook 04_train_draft first")
         drafts[arch] = load_draft(folder, target)
@@ -241,7 +242,7 @@ def live_runs(baseline_url: str, spec_urls: dict, eval_set: str, run_dir, sample
 
 def sglang_study_dir(study: str, run_dir) -> Path:
     """06's SGLANG_STUDY, else RUN_DIR/sglang/study."""
-    return Path(study) if study else Path(run_dir) / "sglang" / "study"
+    return Path(study) if study else RunFolder(run_dir).sglang_study
 
 
 def sglang_breakeven(study: Path, fits: dict, checks: dict, model_arch: str | None, steps: int):

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from draftlab.core.records import read_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.data_scaling.plan import ARCHS
 
 # ---------------------------------------------------------------------------------- curve fits
@@ -199,7 +200,7 @@ def regen_throughput(run_dir) -> dict:
     it, from the rows' own token counts and finish times (meta.regen.t_done span), marked as such.
     """
     run_dir = Path(run_dir)
-    rows = list(read_jsonl(run_dir / "data" / "regen" / "train.jsonl"))
+    rows = list(read_jsonl(RunFolder(run_dir).split("regen", "train")))
     tokens = completion_tokens(rows)
     out = {
         "conversations": len(rows),
@@ -208,7 +209,7 @@ def regen_throughput(run_dir) -> dict:
         "tok_s": None,
         "tok_s_source": None,
     }
-    metrics = run_dir / "metrics.json"
+    metrics = RunFolder(run_dir).metrics
     if metrics.is_file():
         m03 = json.loads(metrics.read_text()).get("03_regenerate", {})
         found = ((m03.get("splits") or {}).get("train") or {}).get("tok_s") or _find_key(m03, "tok_s")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from draftlab.core.files import atomic_write
 from draftlab.core.records import RecordError, jsonl_line, read_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.model.chat_data import split_holdout
 from draftlab.train_draft import find_checkpoint
 
@@ -61,7 +62,7 @@ def prepare(run_dir, out_dir, sizes: list[int], seed: int = 0, val_samples: int 
     hold-out (RUN_DIR/train/holdout/) when it exists, else `val_samples` seeded rows held out here
     with the same function (`chat_data.split_holdout`). Held-out rows are never trained on.
     """
-    regen = Path(run_dir) / "data" / "regen"
+    regen = RunFolder(run_dir).regen
     source = regen / "train.jsonl"
     if not source.is_file():
         raise ScalingError(f"{source}: missing; run notebook 03_regenerate first (it writes data/regen/)")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.core.records import append_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.core.stop import graceful_stop
 from draftlab.data_scaling.evaluate import (
     HeldOut,
@@ -327,7 +328,7 @@ def points_from_04(run_dir, recipe: dict, include: bool = True) -> tuple[list[di
     (07's INCLUDE_04_DRAFTS): none, without notes."""
     points, notes = [], []
     for arch in ARCHS if include else ():
-        draft_dir = Path(run_dir) / "drafts" / arch
+        draft_dir = RunFolder(run_dir).draft(arch)
         summary = Path(run_dir) / "train" / arch / "summary.json"
         if not (draft_dir / "config.json").is_file() or not summary.is_file():
             notes.append(f"04 {arch}: no {draft_dir} or {summary}; not included")

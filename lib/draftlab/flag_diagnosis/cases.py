@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from draftlab.core.run_folder import RunFolder
 from draftlab.flag_diagnosis.doctor import diagnose, wide_table
 from draftlab.flag_diagnosis.inputs import load_target_info
 from draftlab.model.draft import Eagle3Draft, draft_config_for_target
@@ -341,7 +342,7 @@ def draft_for_run(run_dir, target_spec: str, build_if_missing: bool, out_dir) ->
     When it is missing: with build_if_missing (smoke) an untrained export for the target is written
     to out_dir with draftlab.model.export (its acceptance lengths mean nothing); otherwise a clear error.
     """
-    folder = Path(run_dir) / "drafts" / "eagle3"
+    folder = RunFolder(run_dir).draft("eagle3")
     if (folder / "config.json").is_file():
         return folder, "trained by notebook 04"
     if not build_if_missing:

@@ -7,6 +7,7 @@ the reference engine, so they load torch and live apart from `draftlab doctor`'s
 from __future__ import annotations
 
 from draftlab.core.records import read_jsonl
+from draftlab.core.run_folder import RunFolder
 from draftlab.engine import SpecConfig, compare, encode_prompts, public
 from draftlab.flag_diagnosis.probe import PROBE_PROMPTS
 from draftlab.model.hidden import target_states
@@ -48,9 +49,8 @@ def measured_widths(target, capture_layers=None, prompt: str = "Hello! How are y
 
 def eval_prompts(run_dir, n: int) -> tuple:
     """(name, prompts): the blend's held-out split when notebook 02 ran, else doctor's built-in prompts."""
-    from pathlib import Path
 
-    test = Path(run_dir) / "data" / "blend" / "test.jsonl"
+    test = RunFolder(run_dir).split("blend", "test")
     if test.is_file():
         prompts = []
         for row in read_jsonl(test):

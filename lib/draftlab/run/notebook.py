@@ -12,6 +12,7 @@ from draftlab import __version__
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_root
+from draftlab.core.run_folder import RunFolder
 from draftlab.model.target import check_device_name, resolve_device
 from draftlab.run import settings
 from draftlab.run.settings import StageMissing  # noqa: F401 (what `needs` raises; notebooks may catch it)
@@ -72,8 +73,13 @@ class Run:
     source: str = ""  # what measured this notebook's figures (engine, prompt set and n), set where it is known
 
     @property
+    def folder(self) -> RunFolder:
+        """The run folder's named places (core.run_folder: one owner of its layout)."""
+        return RunFolder(self.dir)
+
+    @property
     def figures(self) -> Path:
-        return self.dir / "figures"
+        return self.folder.figures
 
     @property
     def target_spec(self) -> str:
@@ -84,7 +90,7 @@ class Run:
         return self.params["PROFILE"]
 
     def data(self, stage: str) -> Path:
-        path = self.dir / "data" / stage
+        path = self.folder.data(stage)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -115,7 +121,7 @@ def start(name: str, namespace: dict) -> Run:
             f"{params['RUN_DIR']}: from the run folder ({settings.RUN_FILE}, the {params['PROFILE']} profile): "
             + ", ".join(f"{k}={v!r}" for k, v in taken.items())
         )
-    (run_dir / "figures").mkdir(parents=True, exist_ok=True)  # run.json waits for the stage to finish
+    RunFolder(run_dir).figures.mkdir(parents=True, exist_ok=True)  # run.json waits for the stage to finish
     random_weights = settings.caveat(params["TARGET"]) if name not in settings.NO_WEIGHTS else None
     demo = settings.scale_caveat(params["PROFILE"]) if name != "00_environment_check" else None
     caveat = "; ".join(c for c in (random_weights, demo) if c) or None
@@ -250,7 +256,7 @@ def device_label(device: str) -> str:
 
 def training_facts(run_dir: Path) -> str:
     """'draft trained on N conversations, S steps' from 04's metrics in this run folder ('' before 04)."""
-    path = Path(run_dir) / "metrics.json"
+    path = RunFolder(run_dir).metrics
     try:
         trained = json.loads(path.read_text()).get("04_train_draft") or {}
     except (OSError, ValueError):
@@ -340,7 +346,7 @@ def save_metrics(run: Run, metrics: dict) -> Path:
 
 def merge_metrics(run_dir: Path, key: str, value: dict) -> Path:
     """Set one section of RUN_DIR/metrics.json, keeping the others (written atomically)."""
-    path = Path(run_dir) / "metrics.json"
+    path = RunFolder(run_dir).metrics
     data = json.loads(path.read_text()) if path.exists() else {}
     data[key] = value
     atomic_write_json(path, data, indent=2, sort_keys=True, default=_jsonable)

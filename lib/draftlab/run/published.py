@@ -22,6 +22,7 @@ import re
 import sys
 from pathlib import Path
 
+from draftlab.core.run_folder import RunFolder
 from draftlab.run.summary import KEYS
 
 BLOCK = re.compile(r"(<!-- results: (?P<run>\S+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
@@ -93,7 +94,7 @@ def _table(summary: dict, keys: list[str]) -> list[str]:
 def _figures(run: Path, rel: str, files: list[tuple[str, str]], who: str) -> list[str]:
     out = []
     for name, caption in files:
-        if (run / "figures" / name).is_file():
+        if (RunFolder(run).figures / name).is_file():
             out += [f"**{caption}** ({who})", "", f"![{caption}]({rel}/figures/{name})", ""]
     return out
 
@@ -102,7 +103,7 @@ def render(readme_dir: Path, rel: str) -> str:
     """The body of one results block for the run folder `rel` (relative to the README's folder)."""
     run = readme_dir / rel
     summary = json.loads((run / "summary.json").read_text())
-    params = run / "params.yaml"
+    params = RunFolder(run).params
     profile = re.search(r"^profile: (\S+)", params.read_text(), re.M) if params.is_file() else None
     sglang_keys = [k for k in summary if k.startswith("sglang_") or k == "engine_vs_sglang_acceptance_gap"]
     lines = [
@@ -135,7 +136,7 @@ def render(readme_dir: Path, rel: str) -> str:
             lines.append(f"| {g['goal']} | {g['target']} | {fmt(g['key'], g['measured'])} | {met} |")
         lines.append("")
     lines += _figures(run, rel, ENGINE_FIGURES, "reference engine")
-    sglang_files = sorted(p.name for p in (run / "figures").glob("*sglang*.png"))
+    sglang_files = sorted(p.name for p in RunFolder(run).figures.glob("*sglang*.png"))
     lines += _figures(
         run,
         rel,

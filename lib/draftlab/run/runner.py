@@ -22,6 +22,7 @@ from draftlab import __version__
 from draftlab.core.errors import InputError
 from draftlab.core.paths import repo_root
 from draftlab.core.provenance import git_commit
+from draftlab.core.run_folder import RunFolder
 from draftlab.model.target import check_device_name
 from draftlab.run import settings
 from draftlab.run.notebook import (
@@ -154,8 +155,8 @@ def run_notebooks(
     params = resolve_parameters(notebooks, profile, overrides, profile_name)
     for nb_params in params.values():
         nb_params["RUN_DIR"] = str(run_dir)
-    (run_dir / "executed").mkdir(parents=True, exist_ok=True)
-    (run_dir / "figures").mkdir(exist_ok=True)  # run.json: written by the first notebook that finishes
+    RunFolder(run_dir).executed.mkdir(parents=True, exist_ok=True)
+    RunFolder(run_dir).figures.mkdir(exist_ok=True)  # run.json: written by the first notebook that finishes
     record = {
         "run_id": run_id,
         "profile": profile_name,
@@ -165,7 +166,7 @@ def run_notebooks(
         "overrides": overrides or {},
         "notebooks": params,
     }
-    path = run_dir / "params.yaml"
+    path = RunFolder(run_dir).params
     if path.exists():  # rerunning stages of an existing run: keep the other notebooks' parameters
         earlier = yaml.safe_load(path.read_text()) or {}
         record["notebooks"] = {**earlier.get("notebooks", {}), **params}
@@ -177,7 +178,7 @@ def run_notebooks(
         try:
             papermill.execute_notebook(
                 str(nb),
-                str(run_dir / "executed" / nb.name),
+                str(RunFolder(run_dir).executed / nb.name),
                 parameters=params[nb.stem],
                 kernel_name=kernel_name,
                 cwd=str(repo_root()),

@@ -22,6 +22,7 @@ import yaml
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_write_json
 from draftlab.core.paths import repo_root
+from draftlab.core.run_folder import RunFolder
 
 RUN_FILE = "run.json"
 IDENTITY = ("TARGET", "PROFILE")  # what a run folder is a run of; everything else may differ per stage
@@ -96,7 +97,7 @@ def run_settings(run_dir: str | Path) -> dict | None:
         except ValueError as exc:
             raise InputError(f"{path}: not valid JSON ({exc}); delete it to start the run's settings again") from exc
         return {k: data[k] for k in IDENTITY if k in data}
-    params = run_dir / "params.yaml"
+    params = RunFolder(run_dir).params
     if params.is_file() and finished_stages(run_dir):  # a runner's record pins the folder once a stage finished
         record = yaml.safe_load(params.read_text()) or {}
         targets = Counter(v["TARGET"] for v in (record.get("notebooks") or {}).values() if v.get("TARGET"))
@@ -165,7 +166,7 @@ def _missing(run_dir: Path, stage: str) -> list[str]:
 def finished_stages(run_dir: Path) -> list[str]:
     """The notebooks whose metrics are in RUN_DIR/metrics.json (a notebook writes them as its last step)."""
     try:
-        data = json.loads((Path(run_dir) / "metrics.json").read_text())
+        data = json.loads(RunFolder(run_dir).metrics.read_text())
     except (OSError, ValueError):
         return []
     return sorted(k for k in data if not k.startswith("_"))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from draftlab.core.run_folder import RunFolder
+
 KEYS = (
     "samples",
     "eagle3_acceptance_s6_heldout",
@@ -56,18 +58,18 @@ def merge_params(run: Path) -> None:
         merged["notebooks"].update(rec.get("notebooks", {}))
         merged["calls"].append({"file": p.name, "overrides": rec.get("overrides", {})})
     merged.pop("overrides", None)
-    (run / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+    RunFolder(run).params.write_text(yaml.safe_dump(merged, sort_keys=False))
     seconds = {}
     for p in sorted((run / "params.d").glob("*.seconds.json")):
         seconds.update(json.loads(p.read_text()))
     if seconds:
-        m = json.loads((run / "metrics.json").read_text())
+        m = json.loads(RunFolder(run).metrics.read_text())
         m["_run"] = {
             "notebook_seconds": seconds,
             "total_seconds": round(sum(seconds.values()), 1),
             "note": "wall seconds of every device call each notebook took, calls cut by a deadline included",
         }
-        (run / "metrics.json").write_text(json.dumps(m, indent=2, sort_keys=True))
+        RunFolder(run).metrics.write_text(json.dumps(m, indent=2, sort_keys=True))
 
 
 def _rows(section, *names):
@@ -212,10 +214,10 @@ def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> 
         lines += ["", "## Data scaling (07)", "", "```", *f07, "```"]
     lines += ["", "## Headline plots", ""]
     for title, name in HEADLINE_FIGURES:
-        if (run / "figures" / name).is_file():
+        if (RunFolder(run).figures / name).is_file():
             lines += [f"### {title}", "", f"![{title}](figures/{name})", ""]
     lines += ["## Executed notebooks", ""]
-    lines += [f"- [{p.stem}](executed/{p.name})" for p in sorted((run / "executed").glob("*.ipynb"))]
+    lines += [f"- [{p.stem}](executed/{p.name})" for p in sorted(RunFolder(run).executed.glob("*.ipynb"))]
     secs = (m.get("_run") or {}).get("notebook_seconds") or {}
     if secs:
         lines += ["", "## Wall time per notebook (s, summed over device calls)", ""]
@@ -228,16 +230,16 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     run = Path(argv[0])
-    if not (run / "metrics.json").is_file():
+    if not RunFolder(run).metrics.is_file():
         print(f"{run / 'metrics.json'}: missing; run the notebooks first", file=sys.stderr)
         return 1
     merge_params(run)
-    m = json.loads((run / "metrics.json").read_text())
+    m = json.loads(RunFolder(run).metrics.read_text())
     s, src = build_summary(m)
     apply_overrides(run, s, src)
     g = goals(s)
     keys = KEYS
-    sglang = run / "sglang" / "summary.json"  # written by `draftlab bench sglang` (benchmark_acceptance)
+    sglang = RunFolder(run).sglang_summary  # written by `draftlab bench sglang` (benchmark_acceptance)
     if sglang.is_file():  # a run measured in SGLang: its figures and goals too
         rec = json.loads(sglang.read_text())
         s.update(rec["values"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftlab.core.run_folder import RunFolder
 from draftlab.model.chat_data import split_holdout
 from draftlab.model.export import export_draft, validate
 from draftlab.train_draft.config import TrainConfig
@@ -19,7 +20,7 @@ from draftlab.train_draft.parallel import train_side_by_side
 
 def training_inputs(run_dir, val_samples: int, seed: int) -> tuple[Path, Path]:
     """(train.jsonl, val.jsonl) of notebook 03; without a val.jsonl, `val_samples` rows held out (seeded)."""
-    regen = Path(run_dir) / "data" / "regen"
+    regen = RunFolder(run_dir).regen
     if not (regen / "train.jsonl").is_file():
         raise FileNotFoundError(f"{regen / 'train.jsonl'}: missing; run notebook 03_regenerate first")
     train_file, val_file = regen / "train.jsonl", regen / "val.jsonl"
@@ -57,7 +58,7 @@ def train_and_export(configs: dict, target, run_dir, side_by_side: bool, resume:
         if arch not in results:  # one after the other, each exported as soon as it is trained
             results[arch] = train(cfg, resume=resume, target=target)
         refuse_if_learned_nothing(results[arch])
-        out = Path(run_dir) / "drafts" / arch
+        out = RunFolder(run_dir).draft(arch)
         export_draft(
             results[arch]["draft"], out, max_position_embeddings=target.max_position_embeddings, dtype=export_dtype
         )
@@ -101,7 +102,7 @@ def metrics(results: dict, exports: dict, run_dir, settings: dict) -> dict:
             "elapsed_total_s": r["elapsed_total_s"],
             "resumed_from_step": r["resumed_from_step"],
             "tokens_per_s": r["tokens_per_s"],
-            "export_dir": str(Path(run_dir) / "drafts" / arch),
+            "export_dir": str(RunFolder(run_dir).draft(arch)),
             "export_deviations": exports[arch],
             "settings": settings,
         }
