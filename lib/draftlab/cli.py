@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from draftlab.core.errors import run_command
+from draftlab.core.options import number, one_line_errors
 
 PACKAGE = Path(__file__).parent
 
@@ -141,7 +142,21 @@ def build_parser(argv: list[str] | None = None, lazy: bool = True) -> argparse.A
     if command in (None, "bench"):
         bench_parser = subparsers.add_parser("bench", help=BENCH_HELP)
         _register(bench_parser.add_subparsers(dest="bench", required=True), BENCHES, bench, lazy=lazy and bench is None)
+    _every_parser_strict(parser)
     return parser
+
+
+def _every_parser_strict(parser: argparse.ArgumentParser) -> None:
+    """Every command's argparse errors are one `error:` line and exit 2 (no usage block), and a plain
+    `type=float` option refuses nan and inf (`--lr nan` would otherwise train on it): no option of any
+    command wants them. Range checks stay with the options that know their range (core.options.number)."""
+    one_line_errors(parser)
+    for action in parser._actions:
+        if action.type is float:
+            action.type = number(float)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _every_parser_strict(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -190,7 +190,7 @@ def embedded(args) -> None:
     model_dir, tokenizer = resolve_path(spec), load_tokenizer(spec)
     rows, _ = tokenize_rows(conversations(args.n), tokenizer, 2048, where="synthetic")
     ds = datasets.Dataset.from_list(rows)
-    plan = capture_plan(read_config("embedded"))
+    plan = capture_plan(read_config(spec))
     summary = capture(model_dir, plan, FLAGS, ds, WORK / "embedded", "embedded")
     got = from_store(OfflineHidden(WORK / "embedded" / "store", ds), ds)
     ref32 = reference(spec, ds, plan["layers"], torch.float32)
