@@ -11,7 +11,13 @@ from pathlib import Path
 import torch
 
 from draftlab.benchmark_acceptance.cost_cli import add_bench_cost_parser  # noqa: F401 (the command table)
-from draftlab.benchmark_acceptance.eval_suite import format_table, is_suite, per_set_results, prepare
+from draftlab.benchmark_acceptance.eval_suite import (
+    add_eval_set_options,
+    format_table,
+    is_suite,
+    per_set_results,
+    prepare,
+)
 from draftlab.benchmark_acceptance.live import (
     compare_live,
     load_eval_set,
@@ -158,16 +164,8 @@ def add_bench_live_parser(subparsers) -> None:
     p.add_argument("--baseline", help="URL of the plain target server (same --max-running-requests)")
     p.add_argument("--spec", action="append", default=[], help="LABEL=URL of a speculative server (repeatable)")
     p.add_argument("--model", default="default", help="the `model` field of requests")
-    p.add_argument(
-        "--eval-set",
-        default="humaneval",
-        help="humaneval | blend | file.jsonl | suite[:NAME,...] (a table per set) | traffic:REQUESTS.jsonl",
-    )
-    p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
+    add_eval_set_options(p)
     p.add_argument("--samples", type=int, default=None, help="first N prompts of the set (suite: of each set)")
-    p.add_argument(
-        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
-    )
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=4)
@@ -272,15 +270,7 @@ def add_bench_specdec_parser(subparsers) -> None:
         choices=TREE_ATTENTION,
         help="trees: what a draft beam attends to, SGLang's per-slot KV (default) or its own ancestors",
     )
-    p.add_argument(
-        "--eval-set",
-        default="humaneval",
-        help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl | suite[:NAME,...] | traffic:FILE",
-    )
-    p.add_argument(
-        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
-    )
-    p.add_argument("--run-dir", default="results/dev")
+    add_eval_set_options(p)
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="write the rows as JSON here")

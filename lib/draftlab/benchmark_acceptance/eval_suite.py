@@ -42,6 +42,21 @@ class EvalSet:
     contaminated: list[str] = field(default_factory=list)  # ids dropped as overlapping training
 
 
+def add_eval_set_options(p, default: str = "humaneval") -> None:
+    """`--eval-set`, `--run-dir` and `--train-data`: the prompts a benchmark measures, the same for every
+    bench command (a suite is reported per set, decontaminated against the training data given)."""
+    p.add_argument(
+        "--eval-set",
+        default=default,
+        help="humaneval | blend (RUN_DIR/data/blend/test.jsonl) | file.jsonl | suite[:NAME,...] (a table per set) "
+        "| traffic:REQUESTS.jsonl",
+    )
+    p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
+    p.add_argument(
+        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
+    )
+
+
 def is_suite(name: str) -> bool:
     return name == "suite" or name.startswith(("suite:", "traffic:"))
 

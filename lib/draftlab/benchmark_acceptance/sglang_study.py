@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from draftlab.benchmark_acceptance.eval_suite import interleave, is_suite, plan_fields, prepare, report_sglang
+from draftlab.benchmark_acceptance.eval_suite import (
+    add_eval_set_options,
+    interleave,
+    is_suite,
+    plan_fields,
+    prepare,
+    report_sglang,
+)
 from draftlab.benchmark_acceptance.live import load_eval_set, sweep_plan
 from draftlab.benchmark_acceptance.sglang_figures import draw_study_figures
 from draftlab.benchmark_acceptance.sglang_live import PER_STREAM, Entry, measure, summarize
@@ -245,15 +252,7 @@ def add_bench_sglang_parser(subparsers) -> None:
     )
     p.add_argument("--model-path", help="the target's HF folder (served and tokenised)")
     p.add_argument("--draft", help="exported EAGLE-3 draft folder")
-    p.add_argument(
-        "--eval-set",
-        default="humaneval",
-        help="humaneval | blend | file.jsonl | suite[:NAME,...] | traffic:FILE (a suite: OUT/eval_suite.json per set)",
-    )
-    p.add_argument(
-        "--train-data", action="append", default=[], help="suite: training JSONL the sets are decontaminated against"
-    )
-    p.add_argument("--run-dir", default="results/dev", help="where `blend` finds data/blend/test.jsonl")
+    add_eval_set_options(p)
     p.add_argument("--samples", type=int, default=64, help="prompts at batch 1 (a suite: per set, all measured)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chain", default="1,2,3,4,5,6,7", help="chain lengths S measured at batch 1")
