@@ -50,3 +50,32 @@ def test_a_bad_number_is_one_line_and_exit_2(prefix, option, kind, bad, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2, (prefix, option, bad, err)
     assert len(err) == 1 and err[0].startswith("error:") and option in err[0], err
+
+
+# Paths and URLs of the commands whose own fault tables do not try them (blend, regenerate, monitor, train,
+# export and doctor have theirs): a missing path is bad input (2), a server that is not there cannot go on (1).
+PATHS_AND_URLS = [
+    (["bench", "specdec", "--draft", "/nope", "--target", "tiny"], 2, "--draft /nope"),
+    (["bench", "live", "--baseline", "http://127.0.0.1:1", "--spec", "a=http://127.0.0.1:1"], 1, "127.0.0.1:1"),
+    (["bench", "sglang", "--model-path", "/nope", "--draft", "/nope", "--out", "OUT"], 2, "/nope"),
+    (["bench", "cost", "/nope/config.json", "--out", "OUT"], 2, "/nope/config.json"),
+    (["bench", "client", "--base-url", "http://127.0.0.1:1", "--model", "m"], 1, "127.0.0.1:1"),
+    (["capture-hidden", "--target", "/nope", "--train-file", "/nope.jsonl", "--out", "OUT"], 2, "/nope"),
+    (["target", "/nope"], 2, "/nope"),
+    (["sglang", "bundle", "--version", "0.5.17", "--out", "OUT", "--machine-packages", "/nope.txt"], 2, "/nope.txt"),
+    (["run", "99"], 2, "'99'"),
+]
+
+
+@pytest.mark.parametrize("argv,code,named", PATHS_AND_URLS, ids=[" ".join(a[:2]) for a, _, _ in PATHS_AND_URLS])
+def test_a_missing_path_or_absent_server_is_one_line(tmp_path, argv, code, named):
+    import subprocess
+    import sys
+
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "draftlab.cli", *argv], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, lines
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-made
