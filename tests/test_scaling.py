@@ -239,7 +239,8 @@ def test_notebook_07s_report_helpers(tmp_path, capsys):
 
 SMOKE_TRAIN = {
     "epochs": 1.0,
-    "draft_vocab_size": 256,
+    "draft_vocab_size": 49152,  # the whole vocabulary: the random target's arg-max tokens are trained on (a
+    # draft that saw no supervised token fails its training)
     "max_len": 64,
     "ttt_steps": 2,
     "batch_tokens": 256,
@@ -298,10 +299,7 @@ def test_side_by_side_study_measures_what_the_sequential_one_does(tmp_path, tiny
     rows = {}
     for mode in (False, True):
         plan = scaling.prepare(tmp_path, tmp_path / f"scaling-{mode}", [4])
-        # the whole vocabulary: the random target's arg-max tokens are then trained on (a draft that saw no
-        # supervised token fails its training, and the side-by-side child with it)
-        train = {**SMOKE_TRAIN, "draft_vocab_size": 49152}
-        settings = scaling.StudySettings(train=train, val_samples=4, side_by_side=mode)
+        settings = scaling.StudySettings(train=SMOKE_TRAIN, val_samples=4, side_by_side=mode)
         out = scaling.run_study(
             tiny_target, "tiny", "cpu", plan, tmp_path / f"scaling-{mode}", settings, progress=False
         )

@@ -30,6 +30,7 @@ from draftlab.data_scaling.plan import (
 from draftlab.model.draft import load_draft
 from draftlab.model.export import export_draft
 from draftlab.train_draft import TrainConfig, train
+from draftlab.train_draft.guards import refuse_if_learned_nothing
 from draftlab.train_draft.parallel import train_side_by_side
 
 # ---------------------------------------------------------------------------------- the study
@@ -254,6 +255,7 @@ def _run_study(target, target_spec, device, plan, out_dir, settings, extra_point
         else:
             res = train(cfg, resume=True, target=target)
             train_s = time.monotonic() - t0
+        refuse_if_learned_nothing(res)  # as `draftlab train` and notebook 04 do, before anything is exported
         t_trained = time.monotonic()
         if not res["finished"]:
             deferred.append((arch, n))
