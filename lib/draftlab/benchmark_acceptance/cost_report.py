@@ -192,21 +192,19 @@ def plot(rows: list[dict], fits: list[CycleFit], path=None):
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["shape"], r["setting"]) for r in rows})
+    panels = sorted({(r["shape"], r["setting"]) for r in rows})  # only what was measured: no empty panel
     if not panels:
         raise InputError("no rows to plot: nothing measured yet")
-    cols = len({s for _, s in panels})
-    shapes = sorted({p[0] for p in panels})
-    fig, axes = plt.subplots(len(shapes), cols, figsize=(4.2 * cols, 3.4 * len(shapes)), squeeze=False)
-    settings = sorted({s for _, s in panels})
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(panels) :]:
+        ax.axis("off")
     batches = sorted({int(r["batch"]) for r in rows})
     colours = dict(zip(batches, plt.cm.viridis([i / max(1, len(batches) - 1) * 0.85 for i in range(len(batches))])))
-    grid = [((sh, st), axes[i][j]) for i, sh in enumerate(shapes) for j, st in enumerate(settings)]
-    for (shape, setting), ax in grid:
+    for (shape, setting), ax in zip(panels, flat):
         pts = [r for r in rows if (r["shape"], r["setting"]) == (shape, setting)]
-        if not pts:
-            ax.axis("off")
-            continue
         for b in batches:
             mine = sorted((r for r in pts if int(r["batch"]) == b), key=lambda r: r["acceptance"])
             if not mine:
@@ -218,13 +216,13 @@ def plot(rows: list[dict], fits: list[CycleFit], path=None):
                 ax.plot(xs, [fit.speedup(x) for x in xs], color=colours[b], lw=1.2, label=f"batch {b}")
         for x in TARGETS:
             ax.axhline(x, color="grey", lw=0.8, ls="--" if x == 1 else ":")
-            ax.text(1.0, x, f" {x:g}x", va="bottom", fontsize=7, color="grey")
-        ax.set_title(f"{shape} · {setting}", fontsize=9)
+            ax.text(1.0, x, f" {x:g}x", va="bottom", fontsize=9, color="grey")
+        ax.set_title(f"{shape} · {setting}", fontsize=10)
         ax.set_xlabel("acceptance length (forced)")
         ax.set_ylabel("speedup over plain SGLang")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=9, loc="upper left")
     gpus = sorted({r["gpu"] for r in rows})
-    fig.suptitle(f"SGLang speedup by acceptance and batch size (random weights; {', '.join(gpus)})", fontsize=10)
+    fig.suptitle(f"SGLang speedup by acceptance and batch size (random weights; {', '.join(gpus)})", fontsize=11)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=130)
