@@ -235,14 +235,25 @@ def test_serve_child_killed_stops_the_run_at_once(tmp_path):
     assert "exited with code -9" in line and "rows finished and kept" in line, line
 
 
-def test_blend_ctrl_c_is_one_line(capsys):
-    import argparse
+@pytest.mark.slow
+def test_blend_ctrl_c_is_one_line(tmp_path):
+    """A real Ctrl-C (SIGINT) to a real `draftlab blend` mid-way: one line, exit 130, no half-written split."""
+    import signal
+    import subprocess
+    import sys
+    import time
 
-    from draftlab.blend.cli import _interruptible
-
-    def stopped(args):
-        raise KeyboardInterrupt
-
-    assert _interruptible(stopped)(argparse.Namespace(out="OUT")) == 130
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: interrupted; OUT holds only whole files"]
+    spec = Path(__file__).parents[1] / "params" / "blend-offline.yaml"
+    out = tmp_path / "blend"
+    proc = subprocess.Popen([sys.executable, "-m", "draftlab.cli", "blend", str(spec), "--out", str(out),
+                             "--total", "24000", "--target", "tiny"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not out.is_dir() and proc.poll() is None and time.monotonic() < deadline:  # the blend has begun
+        time.sleep(0.2)
+    time.sleep(1)  # inside the blend (24,000 rows take far longer)
+    assert proc.poll() is None, "the blend ended before the signal: make it bigger"
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1].strip().splitlines()
+    assert proc.returncode == 130, err
+    assert err[-1] == f"error: interrupted; {out} holds only whole files" and "Traceback" not in "\n".join(err)
+    assert not list(out.glob("*.jsonl.tmp*")) and not list(out.glob("*.tmp"))
