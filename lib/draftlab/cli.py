@@ -171,5 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signum
 
 
+def entry() -> None:
+    """The `draftlab` program: main(), then the exit. Its code is decided by then, so a signal that comes
+    while the interpreter shuts down (a second Ctrl-C just after a stop) is ignored instead of breaking
+    an exit handler with a traceback; SIGKILL still ends it."""
+    code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
