@@ -254,6 +254,8 @@ def test_blend_ctrl_c_is_one_line(tmp_path):
     assert proc.poll() is None, "the blend ended before the signal: make it bigger"
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1].strip().splitlines()
-    assert proc.returncode == 130, err
+    # 130, or killed by the SIGINT itself after the line (seen once under load in a full run, likely a native
+    # library re-raising the signal at exit): a shell reads both as status 130
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     assert err[-1] == f"error: interrupted; {out} holds only whole files" and "Traceback" not in "\n".join(err)
     assert not list(out.glob("*.jsonl.tmp*")) and not list(out.glob("*.tmp"))
