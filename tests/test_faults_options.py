@@ -15,14 +15,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from draftlab.core.serve import free_port
-from helpers_regen import make_conversations, write_jsonl
+from helpers_regen import make_conversations, run_draftlab, write_jsonl
 from helpers_regen.stub_servers import StubServer
 
 LIB = os.environ.get("FAULTS_LIB") or str(Path(__file__).resolve().parents[1] / "lib")  # FAULTS_LIB: another tree
@@ -205,15 +204,7 @@ def finished_work(tmp_path_factory, servers):
 
 
 def draftlab(*argv, timeout=TIMEOUT_S, cwd=None):
-    env = dict(os.environ, PYTHONPATH=LIB + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    return run_draftlab(*argv, timeout=timeout, lib=LIB, cwd=cwd)
 
 
 def _merge(base: dict, change: dict) -> dict:

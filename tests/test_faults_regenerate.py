@@ -18,22 +18,20 @@ import pytest
 
 from draftlab.core.serve import LocalServer, free_port
 from draftlab.regenerate import scan_work
-from helpers_regen import all_shard_rows, make_conversations, tiny_folder, tiny_server, write_jsonl  # noqa: F401
+from helpers_regen import (  # noqa: F401
+    LIB,
+    all_shard_rows,
+    make_conversations,
+    run_draftlab,
+    tiny_folder,
+    tiny_server,
+    write_jsonl,
+)
 
-LIB = str(Path(__file__).resolve().parents[1] / "lib")
 GOOD = {"id": "a", "source": "s", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def draftlab(*argv, timeout=60, **kw):
-    env = dict(os.environ, PYTHONPATH=LIB + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        **kw,
-    )
+draftlab = run_draftlab
 
 
 def assert_one_line_error(proc, code: int, *needles: str) -> str:

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from draftlab.core import records
 from draftlab.core.records import conversation_id
 
 TOPICS = ["rivers", "owls", "tides", "chess", "bread", "comets", "glaciers", "jazz", "maps"]
+
+
+LIB = str(Path(__file__).resolve().parents[2] / "lib")
+
+
+def run_draftlab(*argv, timeout=60, lib=LIB, **kw) -> subprocess.CompletedProcess:
+    """`python -m draftlab.cli ARGV` as a user runs it, with `lib` (this checkout's, or another tree's for a
+    before/after count) first on the path; output captured."""
+    env = dict(os.environ, PYTHONPATH=lib + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "draftlab.cli", *map(str, argv)], capture_output=True, text=True,
+                          env=env, timeout=timeout, **kw)  # fmt: skip
 
 
 def make_conversations(

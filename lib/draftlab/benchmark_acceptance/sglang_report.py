@@ -4,7 +4,6 @@ oracle runs and notebook 03 wrote, each with its source; a figure not measured s
 
     python -m draftlab.benchmark_acceptance.sglang_report gaps RUN SAMPLES OUT
         every setting's engine-vs-SGLang gap (oracle_gaps) into OUT, one line each on stdout
-        (ops/gpu/sglang.sh PHASE=oracle runs it)
 
 Layout of RUN/sglang/: `study/` (draftlab.sglang.live), `oracle_*.json` (`draftlab bench specdec`
 rows on the same prompt ids), `version.txt` (the installed SGLang).

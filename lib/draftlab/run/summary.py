@@ -195,7 +195,7 @@ def readme(run: Path, s: dict, src: dict, g: list[dict], m: dict, keys=KEYS) -> 
     lines = [
         "# Reference run: the embedded target on one H200",
         "",
-        "Full profile (`params/full.yaml`), run with `ops/gpu/step.sh` on one NVIDIA H200; every number "
+        "Full profile (`params/full.yaml`), run on one NVIDIA H200; every number "
         "below is read from `metrics.json` (`summary.json` says from which notebook and row), except one "
         "marked override, which comes with its derivation from `summary_overrides.json`.",
         "",
