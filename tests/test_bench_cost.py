@@ -3,6 +3,7 @@
 The servers and their measurements are faked here (a fixture that answers like a server of known
 cycle cost); the real measurement needs SGLang on a GPU (ops/cost_model/run.sh)."""
 
+import asyncio
 import csv
 import json
 from contextlib import nullcontext
@@ -370,3 +371,80 @@ def test_cost_command_dummy_weights_keep_the_draft_file():
     assert "--load-format dummy" in spec and "--speculative-draft-load-format auto" in spec
     assert "--max-running-requests 16" in plain and "--max-running-requests 16" in spec
     assert "--speculative-num-draft-tokens 7" in spec and "--cuda-graph-max-bs 16" in spec
+
+
+# ---------------------------------------------------------------------------- chosen acceptances, real prompts
+
+
+def test_chosen_acceptances_start_fewer_servers(tmp_path):
+    folder = ResultsFolder(tmp_path / "out")
+    fake = FakeServers()
+    job = _job(acceptances=[1, 4])
+    assert cost_bench.run_job(job, folder, server_for=fake.server_for, measure=fake.measure) == 6
+    assert fake.started == [("chain3", None), ("chain3", 1), ("chain3", 4)]
+    fits, errors = fit_table(cost_report.table_rows(folder.rows()), {"chain3": 4})
+    assert not errors and {f.points for f in fits} == {2}
+    with pytest.raises(InputError, match="acceptances"):  # the same shape, other acceptances: refused
+        cost_bench.run_job(_job(acceptances=[1, 2, 4]), folder, server_for=fake.server_for, measure=fake.measure)
+
+
+def test_older_record_without_the_new_knobs_resumes(tmp_path):
+    folder = ResultsFolder(tmp_path / "out")
+    fake = FakeServers()
+    cost_bench.run_job(_job(), folder, server_for=fake.server_for, measure=fake.measure)
+    plans = json.loads(folder.plan_path.read_text())
+    for key in ("acceptances", "prompts"):
+        del plans["tiny"][key]  # a folder measured before these knobs existed
+    folder.plan_path.write_text(json.dumps(plans))
+    assert cost_bench.run_job(_job(), folder, server_for=fake.server_for, measure=fake.measure) == 0
+
+
+def test_acceptances_outside_a_setting_are_one_line(tiny_config, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["bench", "cost", str(tiny_config), "--out", str(out), "--dry-run", "--settings", "chain6,chain3"]
+    assert main([*args, "--acceptances", "1,5,7"]) == 2  # chain3 reaches 4 only: one acceptance left
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--acceptances 1,5,7" in err[0] and "chain3" in err[0]
+    assert main([*args, "--acceptances", "1,3,4,7"]) == 0
+    text = (out / "commands.txt").read_text()
+    assert text.count("SGLANG_SIMULATE_ACC_LEN=") == 7  # chain6: 1, 3, 4, 7; chain3: 1, 3, 4
+    assert main([*args, "--acceptances", "0,2"]) == 2
+
+
+def test_prompt_file_is_tokenised_and_sent_whole(tmp_path):
+    import httpx
+
+    from draftlab.benchmark_acceptance.cost_cli import file_prompts
+    from draftlab.benchmark_acceptance.cost_measure import measure_cell
+
+    rows = [
+        {"id": f"q{i}", "source": "test", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(5)
+    ]
+    path = tmp_path / "held-out.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids, label = file_prompts(str(path), "tiny", 4)
+    assert len(ids) == 5 and label.startswith("held-out.jsonl sha256:") and "(5 prompts)" in label
+    with pytest.raises(InputError, match="fewer than the largest batch 8"):
+        file_prompts(str(path), "tiny", 8)
+    with pytest.raises(InputError, match="no such file"):
+        file_prompts(str(tmp_path / "none.jsonl"), "tiny", 1)
+
+    in_flight, peak, seen = [0], [0], []
+
+    async def answer(request):
+        if request.url.path == "/flush_cache":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        seen.append(body["input_ids"])
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        n = body["sampling_params"]["max_new_tokens"]
+        return httpx.Response(200, json={"output_ids": [5] * n, "meta_info": {"completion_tokens": n}})
+
+    cell = measure_cell(
+        "http://x", 2, ids, windows=3, max_new_tokens=8, every_prompt=True, transport=httpx.MockTransport(answer)
+    )
+    assert len(seen) == 4 * 5 and peak[0] == 2  # every prompt in each of 4 windows, 2 in flight
+    assert cell["completion_tokens"] == 3 * 5 * 8

@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGET=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl)  # the embedded target, the wheels
 case ${CARGO:-all} in
-  all) ITEMS=("${TARGET[@]}" .device/sglang/p1 .device/sglang/p2 .device/sglang/p3 .device/sglang/p4 .device/drafts) ;;
+  all) ITEMS=("${TARGET[@]}" .device/sglang/p* .device/drafts) ;;  # every bundle part there is
   train) ITEMS=("${TARGET[@]}" .device/drafts/eagle3) ;;
   *) echo "cargo: CARGO=${CARGO} (expected all or train)" >&2; exit 2 ;;
 esac

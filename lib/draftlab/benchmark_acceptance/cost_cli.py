@@ -9,6 +9,7 @@ for 1.5x and 2x. Results in OUT (table.csv, summary.json, speedup.png, commands.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 from pathlib import Path
 
@@ -60,13 +61,15 @@ def _gpu(dry_run: bool) -> str:
     raise RunFailure("no CUDA GPU here: bench cost measures SGLang servers on a GPU (--dry-run builds and prints)")
 
 
-def make_job(args, config, name: str, gpu: str) -> CostJob:
+def make_job(args, config, name: str, gpu: str, prompts: str | None = None) -> CostJob:
     batches = _ints(args.batches, "--batches")
-    return CostJob(
+    settings = parse_settings(args.settings)
+    acceptances = _ints(args.acceptances, "--acceptances") if args.acceptances else None
+    job = CostJob(
         shape=name,
         config_digest=config_digest(config),
         gpu=gpu,
-        settings=parse_settings(args.settings),
+        settings=settings,
         batches=batches,
         windows=args.windows,
         max_new_tokens=args.max_new_tokens,
@@ -75,7 +78,36 @@ def make_job(args, config, name: str, gpu: str) -> CostJob:
         server_flags=shlex.split(args.server_flags),
         weights=args.weights,
         shape_info=shape_info(config),
+        acceptances=acceptances,
+        prompts=prompts,
     )
+    for setting in settings:
+        if len(job.forced(setting)) < 2:
+            raise InputError(
+                f"--acceptances {args.acceptances}: {setting.name} accepts 1 .. {setting.max_acceptance}; "
+                "give two or more of them (the cycle cost is a line fitted over them)"
+            )
+    return job
+
+
+def file_prompts(path: str, tokenizer_dir: str, count: int) -> tuple[list[list[int]], str]:
+    """(token ids of the chat prompts in a JSONL file, "FILE sha256:..." for the plan): at least `count`."""
+    from draftlab.benchmark_acceptance.live import jsonl_prompts
+    from draftlab.engine import encode_prompts
+    from draftlab.model.target import load_tokenizer
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"--prompts {path}: no such file")
+    rows = jsonl_prompts(file, None)
+    if len(rows) < count:
+        raise InputError(f"--prompts {path}: {len(rows)} prompts, fewer than the largest batch {count}")
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--tokenizer {tokenizer_dir}: cannot load a tokenizer ({str(exc).splitlines()[0][:200]})")
+    ids = encode_prompts(tokenizer, [r["messages"] for r in rows])
+    return ids, f"{file.name} sha256:{hashlib.sha256(file.read_bytes()).hexdigest()[:16]} ({len(ids)} prompts)"
 
 
 def commands_for(job: CostJob, target_dir: Path, draft_dir: Path, args) -> dict:
@@ -93,7 +125,7 @@ def commands_for(job: CostJob, target_dir: Path, draft_dir: Path, args) -> dict:
         spec = cost_command(
             str(target_dir), str(draft_dir), num_steps=s.steps, topk=s.topk, num_draft_tokens=s.draft_tokens, **kw
         )
-        for tau in range(1, s.max_acceptance + 1):
+        for tau in job.forced(s):
             out[(s.name, tau)] = spec
     return out
 
@@ -110,7 +142,11 @@ def bench_cost(args: argparse.Namespace) -> int:
         raise InputError("TARGET missing: a Hugging Face id, a model folder or a config.json")
     config, default_name = load_config(args.target)
     name = args.name or default_name
-    job = make_job(args, config, name, _gpu(args.dry_run))
+    real = None
+    if args.prompts:
+        tokenizer = args.tokenizer or args.target
+        real = file_prompts(args.prompts, tokenizer, max(_ints(args.batches, "--batches")))
+    job = make_job(args, config, name, _gpu(args.dry_run), prompts=real and real[1])
     folder.claim(job, record=not args.dry_run)  # refused here, before any model is built
     work = Path(args.work or folder.out / "models") / name
     device = "cuda" if job.gpu != "cpu (dry run)" else "cpu"
@@ -129,7 +165,7 @@ def bench_cost(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(f"dry run: models in {work}, launch lines in {folder.out / 'commands.txt'}; no server started")
         return 0
-    prompts = prompt_ids(max(job.batches), job.prompt_len, job.shape_info["vocab_size"])
+    prompts = real[0] if real else prompt_ids(max(job.batches), job.prompt_len, job.shape_info["vocab_size"])
     env = server_env(args.prefix) if args.prefix else None
     logs = folder.out / "logs" / name
 
@@ -140,7 +176,13 @@ def bench_cost(args: argparse.Namespace) -> int:
 
     def measure(url, batch):
         return measure_cell(
-            url, batch, prompts, windows=job.windows, max_new_tokens=job.max_new_tokens, warmup=args.warmup
+            url,
+            batch,
+            prompts,
+            windows=job.windows,
+            max_new_tokens=job.max_new_tokens,
+            warmup=args.warmup,
+            every_prompt=real is not None,
         )
 
     try:
@@ -214,6 +256,16 @@ def add_bench_cost_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per request (ignore_eos)")
     p.add_argument("--prompt-len", type=int, default=32, help="random prompt ids per request")
     p.add_argument("--max-running-requests", type=int, help="the same for all servers (default: the largest batch)")
+    p.add_argument(
+        "--acceptances",
+        help="forced acceptances to measure, e.g. 1,4,7 (default: every one, 1 .. S + 1; two or more per setting)",
+    )
+    p.add_argument(
+        "--prompts",
+        help="a JSONL of chat prompts (as bench sglang's --eval-set FILE) instead of random ids; "
+        "a window then sends all of them, BATCH in flight (the check of a real draft on its own prompts)",
+    )
+    p.add_argument("--tokenizer", help="with --prompts: the tokenizer's folder (default: TARGET's)")
     p.add_argument(
         "--weights",
         default="files",

@@ -2,7 +2,9 @@
 
 A window sends `batch` requests at once, each of random token ids (no tokenizer) and a fixed
 number of new tokens with `ignore_eos`, so the batch stays full until the window ends; tok/s is
-all completion tokens over the window's wall time. Unmeasured windows first (Triton compiles
+all completion tokens over the window's wall time. With a prompt file (real prompts, tokenised)
+a window sends every prompt of the file instead, `batch` of them in flight at a time, as a
+benchmark of a real draft does on the same prompts. Unmeasured windows first (Triton compiles
 kernels per new shape: a first server ran its first batch-1 windows a third slower), then
 `windows` measured ones, each after /flush_cache: the cell is their median with the min and max
 beside it, and the acceptance the server itself reports (sum completion_tokens / sum
@@ -57,15 +59,17 @@ def env_prefix(acceptance: int | None) -> str:
     return f"SGLANG_SIMULATE_ACC_LEN={acceptance} SGLANG_SIMULATE_ACC_METHOD=match-expected "
 
 
-async def _window(client: httpx.AsyncClient, url: str, prompts: list[list[int]], max_new_tokens: int):
-    """All prompts at once; (completion tokens, verify steps or None, wall seconds)."""
+async def _window(client: httpx.AsyncClient, url: str, prompts: list[list[int]], max_new_tokens: int, in_flight: int):
+    """Every prompt, `in_flight` at a time; (completion tokens, verify steps or None, wall seconds)."""
+    slots = asyncio.Semaphore(in_flight)
 
     async def one(ids):
         body = {
             "input_ids": ids,
             "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
         }
-        r = await client.post(f"{url}/generate", json=body)
+        async with slots:
+            r = await client.post(f"{url}/generate", json=body)
         r.raise_for_status()
         return parse_response(r.json(), f"{url}/generate")
 
@@ -87,21 +91,25 @@ def measure_cell(
     windows: int,
     max_new_tokens: int,
     warmup: int = 1,
+    every_prompt: bool = False,
     transport=None,
 ) -> dict:
-    """tok/s at `batch` on the server at `url`: median, min, max of `windows` windows, and the acceptance."""
+    """tok/s at `batch` on the server at `url`: median, min, max of `windows` windows, and the acceptance.
+
+    every_prompt: a window sends all `prompts`, `batch` in flight (a prompt file); else the first `batch`."""
     if len(prompts) < batch:
         raise ValueError(f"{len(prompts)} prompts for batch {batch}")
+    window = prompts if every_prompt else prompts[:batch]
 
     async def go():
         rates, tokens, verify = [], 0, 0
         limits = httpx.Limits(max_connections=batch + 4)
         async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as c:
             for _ in range(warmup):
-                await _window(c, url, prompts[:batch], max_new_tokens)
+                await _window(c, url, window, max_new_tokens, batch)
             for _ in range(windows):
                 await flush_cache(c, url)
-                done, steps, wall = await _window(c, url, prompts[:batch], max_new_tokens)
+                done, steps, wall = await _window(c, url, window, max_new_tokens, batch)
                 rates.append(done / wall)
                 tokens += done
                 verify = None if steps is None or verify is None else verify + steps

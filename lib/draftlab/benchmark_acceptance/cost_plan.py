@@ -2,9 +2,11 @@
 
 A job is one shape, its settings (chains and trees), batch sizes and measurement knobs. Its cells
 are (setting, server, batch): per setting one plain server (the baseline, re-measured beside every
-setting) and one speculative server per forced acceptance 1 .. S + 1. `measurements.csv` gets one
-row per measured cell, appended and flushed as soon as it is measured; `plan.json` records each
-shape's job, so a rerun skips the measured cells and refuses a job whose shape or settings differ.
+setting) and one speculative server per forced acceptance, 1 .. S + 1 or the job's chosen ones (a
+large shape's server takes a minute to start: three acceptances still leave the line's fit a check).
+`measurements.csv` gets one row per measured cell, appended and flushed as soon as it is measured;
+`plan.json` records each shape's job, so a rerun skips the measured cells and refuses a job whose
+shape or settings differ.
 Several shapes may share a folder (the published table holds four).
 """
 
@@ -90,15 +92,22 @@ class CostJob:
     server_flags: list[str] = field(default_factory=list)
     weights: str = "files"
     shape_info: dict = field(default_factory=dict)
+    acceptances: list[int] | None = None  # forced acceptances measured (None: every one, 1 .. S + 1)
+    prompts: str | None = None  # "FILE sha256:..." of the prompt file tokenised (None: random ids)
 
     def key(self) -> dict:
         d = asdict(self)
         d["settings"] = [asdict(s) for s in self.settings]
         return d
 
+    def forced(self, setting: Setting) -> list[int]:
+        """The forced acceptances measured for one setting: the job's within 1 .. S + 1, or all of them."""
+        every = range(1, setting.max_acceptance + 1)
+        return [t for t in every if self.acceptances is None or t in self.acceptances]
+
     def servers(self, setting: Setting) -> list[tuple[str, int | None]]:
-        """(server, forced acceptance) of one setting: the plain baseline, then 1 .. S + 1."""
-        return [(PLAIN, None)] + [(setting.name, tau) for tau in range(1, setting.max_acceptance + 1)]
+        """(server, forced acceptance) of one setting: the plain baseline, then each forced acceptance."""
+        return [(PLAIN, None)] + [(setting.name, tau) for tau in self.forced(setting)]
 
     def cells(self) -> list[tuple[Setting, str, int | None, int]]:
         return [(st, srv, tau, b) for st in self.settings for srv, tau in self.servers(st) for b in self.batches]
@@ -132,8 +141,9 @@ class ResultsFolder:
         record False only checks (a dry run)."""
         plans = self.plans()
         old = plans.get(job.shape)
-        if old is not None and old != job.key():
-            diff = sorted(k for k in set(old) | set(job.key()) if old.get(k) != job.key().get(k))
+        # a key absent from an older record is that knob's default (None)
+        diff = [] if old is None else sorted(k for k in set(old) | set(job.key()) if old.get(k) != job.key().get(k))
+        if diff:
             raise InputError(
                 f"--out {self.out}: shape {job.shape} was measured with other {', '.join(diff)} "
                 f"(recorded {', '.join(f'{k}={old.get(k)!r}' for k in diff[:2])}); use another --out or --name"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The published cost table's GPU session on one H100/H200: the shapes users serve beside the embedded
+# target, and the check of the cost model against the best published draft served for real.
+# Every call first takes the cargo chunk it carried (ops/gpu/cargo.sh: the embedded target's GGUF, the
+# wheels, SGLang's bundle, the published drafts) and stages the bundle's parts; once every chunk is
+# there it sets up (wheels, target, SGLang) and runs STEPS in order, each skipped once done (a marker
+# in $DL/cost-done), each resuming what it measured, until BUDGET_S. Call again until it says "all done".
+#   here:  bash ops/gpu/prepare.sh; bash ops/gpu/published_draft.sh results/recipes/rows/best-data2x \
+#          .device/drafts/best-data2x; the bundle's parts in .device/sglang/pN; bash ops/gpu/cargo.sh pack
+#   there: BUDGET_S=540 bash ops/cost_model/session.sh   (call N carries .device/cargo/cN)
+# Steps (STEPS, comma-separated):
+#   8b, 1b, 30b  bench cost of data/configs/{llama-3.1-8b,llama-3.2-1b,qwen2.5-32b} at chain S = 6
+#                with SGLang's own random weights (--weights dummy), decode graphs for the measured batches
+#   check-real   `draftlab bench sglang`: the embedded target and the best-data2x draft at chain S = 6,
+#                batch 1, on the first CHECK_N held-out prompts (its acceptance and speedup, measured)
+#   check-cost   `bench cost` of the embedded shape on those same prompts, flags and token limit
+#   tree         the embedded shape's tree3-4-8
+# Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check (the real measurement).
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu/common.sh"   # DL, SITE, OUT/log, PYTHONPATH, say, left, ensure_all
+STEPS=${STEPS:-8b,check-real,check-cost,30b,1b,tree}
+CHECK_N=${CHECK_N:-32}
+BASE_FLAGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none"
+GRAPHS="--cuda-graph-bs 1 4 16 64"   # decode graphs for the measured batch sizes only (a big shape starts faster)
+RES=$DL/cost-model
+DONE=$DL/cost-done
+MODEL=$DL/cache/embedded-SmolLM2-135M-Instruct
+DRAFT=$REPO/.device/drafts/best-data2x
+HELD_OUT=$DL/held-out-$CHECK_N.jsonl
+mkdir -p "$DONE"
+
+bash ops/gpu/cargo.sh receive || exit 1
+for d in .device/sglang/p*; do
+  [ -d "$d" ] && python3 -m draftlab.sglang.install stage --parts-dir "$d" --stage "$DL/sglang-parts"
+done
+[ -f "${CARGO_HOLD:-/tmp/cargo}/root/.complete" ] || { say "cargo: not every chunk is here yet; carry the next"; exit 0; }
+ensure_all || exit 1
+python3 -m draftlab.sglang.install install --stage "$DL/sglang-parts" --prefix "$DL/sglang" || exit 1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+xz -dc results/reference/data/blend/test.jsonl.xz | head -n "$CHECK_N" > "$HELD_OUT"
+
+cost() {  # cost STEP TARGET NAME SETTINGS MEM EXTRA FLAGS: one shape's bench, resumed, within this call
+  local budget=$(( $(left) - 20 ))
+  [ "$budget" -gt 90 ] || { say "$1: no time left in this call"; return 3; }
+  TARGET=$2 NAME=$3 SETTINGS=$4 MEM_FRACTION=$5 EXTRA=$6 SERVER_FLAGS=$7 BUDGET_S=$budget \
+    SGLANG_PREFIX=$DL/sglang RESULTS=$RES bash ops/cost_model/run.sh
+}
+
+check_real() {
+  local out=$DL/check/sglang/study
+  timeout -s TERM -k 60 $(( $(left) - 20 )) python3 -m draftlab.cli bench sglang --model-path "$MODEL" \
+    --draft "$DRAFT" --eval-set "$HELD_OUT" --samples "$CHECK_N" --max-new-tokens 128 --chain 6 --main-steps 6 \
+    --trees none --concurrency 1 --no-wrong-flag --repeats 3 --warmup 1 --max-running-requests 64 \
+    --server-flags="$BASE_FLAGS --sleep-on-idle" --mem-fraction-static 0.3 --prefix "$DL/sglang" --out "$out" || return 1
+  python3 - "$out/summary.csv" "$DL/check/check.json" <<'PY' || return 1
+import json, sys
+import pandas as pd
+t = pd.read_csv(sys.argv[1])
+t = t[t["concurrency"] == 1]
+base = t[t["label"] == "baseline"].iloc[0]
+spec = t[t["acceptance_length"].notna() & (t["label"] != "baseline")].iloc[0]
+out = {"label": spec["label"], "acceptance": round(float(spec["acceptance_length"]), 4),
+       "speedup": round(float(spec["tokens_per_s_median"] / base["tokens_per_s_median"]), 4),
+       "baseline_tok_s": float(base["tokens_per_s_median"]), "tok_s": float(spec["tokens_per_s_median"])}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+print("check-real:", out)
+PY
+}
+
+run_step() {
+  case $1 in
+    8b) cost 8b data/configs/llama-3.1-8b llama-3.1-8b chain6 0.5 "--weights dummy --acceptances 1,3,5,7 --warmup 1" \
+          "$BASE_FLAGS $GRAPHS" ;;
+    1b) cost 1b data/configs/llama-3.2-1b llama-3.2-1b chain6 0.4 "--weights dummy --acceptances 1,4,7 --warmup 1" \
+          "$BASE_FLAGS $GRAPHS" ;;
+    30b) cost 30b data/configs/qwen2.5-32b qwen2.5-32b chain6 0.88 \
+          "--weights dummy --acceptances 1,4,7 --warmup 1 --max-new-tokens 128" "$BASE_FLAGS $GRAPHS" ;;
+    check-real) check_real ;;
+    check-cost) cost check-cost data/configs/smollm2-135m smollm2-135m-check chain6 0.3 \
+          "--batches 1 --acceptances 1,4,7 --warmup 1 --max-new-tokens 128 --max-running-requests 64 --prompts $HELD_OUT --tokenizer $MODEL" \
+          "$BASE_FLAGS --sleep-on-idle" ;;
+    tree) cost tree data/configs/smollm2-135m smollm2-135m-tree tree3-4-8 0.4 "--acceptances 1,2,4 --warmup 1" \
+          "$BASE_FLAGS" ;;
+    *) say "unknown step $1"; return 2 ;;
+  esac
+}
+
+rc=0
+for step in ${STEPS//,/ }; do
+  [ -f "$DONE/$step" ] && { say "$step: done before"; continue; }
+  say "step $step ($(left) s left)"
+  run_step "$step"; s=$?
+  if [ $s -eq 0 ]; then touch "$DONE/$step"; say "$step: done"; else say "$step: exit $s"; rc=3; break; fi
+done
+
+report=(python3 -m draftlab.cli bench cost --out "$RES" --report-only)
+if [ -f "$DL/check/check.json" ]; then
+  read -r acc spd < <(python3 -c "import json; d = json.load(open('$DL/check/check.json')); print(d['acceptance'], d['speedup'])")
+  report+=(--check-acceptance "$acc" --check-speedup "$spd" --check-shape smollm2-135m-check)
+fi
+"${report[@]}" 2>&1 | tail -30
+mkdir -p "$OUT/cost-model"
+for f in table.csv summary.json speedup.png commands.txt measurements.csv plan.json; do
+  [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/cost-model/"
+done
+[ -d "$RES/logs" ] && tar -C "$RES" -czf "$OUT/cost-model/logs.tar.gz" logs
+[ -d "$DL/check" ] && tar -C "$DL" --exclude='*.safetensors' -czf "$OUT/check.tar.gz" check
+[ $rc -eq 0 ] && say "all done" || say "call again (the next call resumes)"
+exit $rc
