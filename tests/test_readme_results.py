@@ -123,3 +123,33 @@ def test_sglang_figures_are_shown_with_their_sources_and_labelled_as_sglangs(run
     assert "| largest engine-vs-SGLang acceptance gap, same prompts | 1.2% | oracle_chain.json |" in sglang
     assert "| `sglang_new_figure` | 7.50 | study |" in sglang  # a key added later still shows, with its source
     assert "(SGLang, measured by `draftlab bench sglang`)" in body and "(reference engine)" in body
+
+
+def test_the_projection_block_is_the_cost_models_and_says_so(tmp_path):
+    """A projection on another shape is labelled a cost-model projection, with its GPU and the check beside it;
+    a changed summary makes the check fail and `make readme` fixes it."""
+    summary = {
+        "shapes": [{"name": "big", "parameters": 8.03e9, "gpu": "NVIDIA H100 80GB HBM3"}],
+        "projection": [
+            {"shape": "big", "batch": b, "setting": "chain6", "acceptance": 4.1, "speedup": s}
+            for b, s in ((4, 2.31), (1, 2.52))
+        ],
+        "embedded_predicted_speedup": 1.8,
+        "embedded_measured_speedup": 1.7,
+        "embedded_prediction_error": 0.0588,
+    }
+    path = tmp_path / "cost" / "summary.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(summary))
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- projection: cost/summary.json big -->\nstale\n<!-- /projection -->\n")
+    assert published.main(["--check", str(doc)]) == 1
+    assert published.main([str(doc)]) == 0 and published.main(["--check", str(doc)]) == 0
+    body = doc.read_text()
+    assert "cost-model projection" in body and "NVIDIA H100 80GB HBM3" in body and "8.0B parameters" in body
+    assert "| batch | 1 | 4 |" in body and "| 2.52x | 2.31x |" in body and "error +5.9%" in body
+    path.write_text(json.dumps({**summary, "projection": summary["projection"][:1]}))
+    assert published.main(["--check", str(doc)]) == 1
+    doc.write_text("<!-- projection: cost/summary.json other -->\n<!-- /projection -->\n")
+    with pytest.raises(SystemExit, match="no projection for shape 'other'"):
+        published.main([str(doc)])
