@@ -1,6 +1,7 @@
 """`draftlab train --hidden sglang` on the CPU: a store captured as SGLang's hook writes it (post-norm final
 state; computed here by transformers, a stand-in for SGLang) trains with the head-only target, no decoder
-loaded, to the same draft as training from transformers' own offline states."""
+loaded, to the same draft as training from transformers' own offline states; `draftlab export` of its
+checkpoint loads the head-only target too."""
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from test_train import small_config, write_fixture
 
 
 @pytest.mark.slow
-def test_training_from_a_sglang_store_matches_training_from_transformers(tiny_target, tmp_path):
+def test_training_from_a_sglang_store_matches_training_from_transformers(tiny_target, tmp_path, monkeypatch):
     files = write_fixture(tmp_path / "regen", n_train=16, n_val=4, new_tokens=16)
     common = dict(token_cache=str(tmp_path / "tokens"), epochs=1, save_every=100, eval_every=100)
     ref_cfg = small_config(files, tmp_path / "ref" / "train", hidden="offline", **common)
@@ -32,3 +33,9 @@ def test_training_from_a_sglang_store_matches_training_from_transformers(tiny_ta
     assert got["eval"]["loss"] == pytest.approx(ref["eval"]["loss"], rel=1e-4)
     a, b = got["draft"].state_dict(), ref["draft"].state_dict()
     assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-4) for k in a)
+    from draftlab import cli
+    from draftlab.train_draft import checkpoint
+
+    monkeypatch.setattr(checkpoint, "load_target", lambda *a, **k: pytest.fail("export loaded the target's decoder"))
+    assert cli.main(["export", str(tmp_path / "sgl" / "train"), str(tmp_path / "draft")]) == 0
+    assert (tmp_path / "draft" / "model.safetensors").is_file()

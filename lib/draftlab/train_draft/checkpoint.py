@@ -160,13 +160,18 @@ def find_checkpoint(path) -> Path:
 
 def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "cpu", target=None):
     """(draft with trained weights, Target) from a checkpoint, for export or evaluation; `target`:
-    an already loaded one (its embedding is shared, as in training)."""
+    an already loaded one (its embedding is shared, as in training). A draft trained on SGLang's
+    states (hidden sglang) gets the head-only target it trained with: its target may be too big for
+    this process, and the draft needs of it only the embedding, head and config."""
     from safetensors.torch import load_file
 
     ck = find_checkpoint(path)
     state = json.loads((ck / "state.json").read_text())
     if target is None:
-        target = load_target(target_spec or state["train_config"]["target"], device=device)
+        load = load_target
+        if state["train_config"].get("hidden") == "sglang":
+            from draftlab.sglang.head_target import load_head_target as load
+        target = load(target_spec or state["train_config"]["target"], device=device)
     dc = dict(state["draft_config"])
     ids = (dc.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if "draftlab" not in dc and ids is not None:
