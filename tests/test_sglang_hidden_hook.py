@@ -1,7 +1,9 @@
 """The part of the SGLang capture that runs in SGLang's workers, driven with stand-in modules on the CPU:
-arming, what is spooled per request chunk, TP ranks other than 0, and the checks that stop a wrong capture."""
+arming, what is spooled per request chunk, TP ranks other than 0, the checks that stop a wrong capture, and
+the writer thread: the client waits for a chunk still being written, and a write that fails is an error file."""
 
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -115,3 +117,30 @@ def test_launch_line_keeps_the_users_flags_and_refuses_what_capture_cannot_do(tm
         with pytest.raises(InputError, match=bad.split()[0]):
             capture_command("/m", plan, bad, tmp_path, 31000)
     assert "--pp-size 1" in capture_command("/m", plan, "--pp-size 1", tmp_path, 31000)
+
+
+def test_the_client_waits_for_a_chunk_the_writer_thread_still_holds(tmp_path, monkeypatch):
+    hook, inner = armed_hook(tmp_path, monkeypatch)
+    gate, write = threading.Event(), hidden_hook.write_chunk
+    monkeypatch.setattr(hidden_hook, "write_chunk", lambda *a: (gate.wait(10), write(*a))[1])
+    final = torch.randn(4, H)
+    assert hook(inner, (None, None, batch(["draftlab-a"], [4], [0])), (final, final.repeat(1, 3))) is final
+    final.zero_()  # the model may reuse its memory once the hook returned: the spool holds a copy
+    assert [p.name for p in tmp_path.iterdir()] == ["draftlab-a.000000000.safetensors.pending"]
+    threading.Timer(0.2, gate.set).start()  # the answer came first; the file follows
+    aux, got = take_request(tmp_path, "draftlab-a", 4)
+    assert got.abs().sum() > 0 and torch.equal(aux, got.repeat(1, 3)) and not list(tmp_path.iterdir())
+
+
+def test_a_spool_write_that_fails_is_an_error_file_not_a_wait(tmp_path, monkeypatch):
+    hook, inner = armed_hook(tmp_path, monkeypatch)
+
+    def full(*a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hidden_hook, "write_chunk", full)
+    final = torch.zeros(2, H)
+    hook(inner, (None, None, batch(["draftlab-a"], [2], [0])), (final, final.repeat(1, 3)))
+    with pytest.raises(ValueError, match="0 tokens spooled of 2"):
+        take_request(tmp_path, "draftlab-a", 2, timeout=30)
+    assert "cannot write the spool: OSError" in worker_error(tmp_path) and hook.failed

@@ -199,15 +199,18 @@ def check_free_disk(out_dir, need: float, what: str, instead: str) -> None:
 
 
 def write_shard(out_dir, meta: dict, tensors: dict, start: int, end: int, **extra) -> None:
-    """Samples start..end-1 as one shard (temp name, then renamed), then index.json naming it."""
+    """Samples start..end-1 as one shard (temp name, then renamed), then index.json naming it.
+
+    A tensor may be given as its parts, one [n_i, W] block per sample: they are written one after the
+    other (core.tensorfile), never joined in memory; a 1 GB shard is then one copy, not three."""
     from pathlib import Path
 
-    from safetensors.torch import save_file
+    from draftlab.core.tensorfile import write_parts
 
     out = Path(out_dir)
     name = f"shard-{len(meta['shards']):05d}.safetensors"
     with atomic_path(out / name, suffix=TMP_SUFFIX) as tmp:
-        save_file(tensors, str(tmp))
+        write_parts(tmp, tensors)
     meta["shards"].append({"file": name, "start": start, "end": end, **extra})
     atomic_write_json(out / "index.json", meta)
 
@@ -280,9 +283,9 @@ def precompute_hidden(
         bar.update(sum(len(r) for r in rows))
         i = j
         if buf_tok >= shard_tokens or i == len(lengths):
-            tensors = {"last": torch.cat(buf_last)}
+            tensors = {"last": buf_last}  # per-sample blocks, written back to back
             if store_aux:
-                tensors["aux"] = torch.cat(buf_aux)
+                tensors["aux"] = buf_aux
             write_shard(out, meta, tensors, start, i)
             start, buf_aux, buf_last, buf_tok = i, [], [], 0
     bar.close()

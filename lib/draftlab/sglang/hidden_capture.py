@@ -9,10 +9,15 @@ resumes after its last finished shard, and on SIGTERM/SIGINT writes what it hold
 The store's `last` is SGLang's final state after the target's final norm ("post_norm"), which is
 what SGLang's EAGLE worker receives; training from it uses `head_target`, whose norm is already
 applied.
+
+A shard (about 1 GB) is written on a thread of its own while the next one fills: the adapter keeps
+its requests in flight during the write instead of leaving SGLang idle, and each conversation's
+states go to the file as they came, without being joined first (model.hidden.write_shard).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -140,38 +145,74 @@ def _check(k: int, sid, n: int, aux, final, plan: dict) -> None:
         )
 
 
+class ShardWriter:
+    """One shard written at a time on a thread, beside the capture loop; its error comes back on the
+    next submit or check. join() is safe in a finally (it never raises)."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def _write(self, *args, **kw) -> None:
+        try:
+            write_shard(*args, **kw)
+        except BaseException as exc:  # handed to the capture loop's thread
+            self.error = exc
+
+    def submit(self, *args, **kw) -> None:
+        self.check()
+        self.thread = threading.Thread(target=self._write, args=args, kwargs=kw, name="draftlab-shard")
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+    def check(self) -> None:
+        self.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
 def _run(adapter, dataset, out: Path, meta: dict, plan: dict, dtype, shard_tokens: int, done: int, stop) -> int:
     """The capture loop from sample `done`; returns tokens written. A shard holds whole conversations."""
     ids_col, rows = dataset["id"], dataset["input_ids"]
     items = ((k, rows[k]) for k in range(done, len(rows)))
     bar = tqdm(total=sum(len(r) for r in rows[done:]), unit="tok", desc="SGLang hidden states")
     start, buf_aux, buf_last, buf_ids, buf_tok, written = done, [], [], [], 0, 0
+    writer = ShardWriter()
 
     def flush(end: int) -> None:
         nonlocal start, buf_aux, buf_last, buf_ids, buf_tok
-        if end > start:
-            tensors = {"aux": torch.cat(buf_aux), "last": torch.cat(buf_last)}
-            write_shard(out, meta, tensors, start, end, ids=buf_ids)
+        if end > start:  # aux: [n_k, 3H] and last: [n_k, H] per conversation, joined only in the file
+            writer.submit(out, meta, {"aux": buf_aux, "last": buf_last}, start, end, ids=buf_ids)
         start, buf_aux, buf_last, buf_ids, buf_tok = end, [], [], [], 0
 
-    with bar:
-        for k, aux, final in adapter.states(items):
-            n = len(rows[k])
-            if k != start + len(buf_ids):
-                raise RunFailure(f"the capture adapter returned sample {k}, expected {start + len(buf_ids)}")
-            _check(k, ids_col[k], n, aux, final, plan)
-            buf_aux.append(aux.to("cpu", dtype))
-            buf_last.append(final.to("cpu", dtype))
-            buf_ids.append(ids_col[k])
-            buf_tok += n
-            written += n
-            bar.update(n)
-            if buf_tok >= shard_tokens:
-                flush(k + 1)
-            if stop:
-                flush(k + 1)
-                stop.stopped(f"SGLang capture into {out} after {k + 1} of {len(rows)} conversations (saved)")
-        flush(len(rows))
+    try:
+        with bar:
+            for k, aux, final in adapter.states(items):
+                n = len(rows[k])
+                if k != start + len(buf_ids):
+                    raise RunFailure(f"the capture adapter returned sample {k}, expected {start + len(buf_ids)}")
+                _check(k, ids_col[k], n, aux, final, plan)
+                buf_aux.append(aux.to("cpu", dtype))
+                buf_last.append(final.to("cpu", dtype))
+                buf_ids.append(ids_col[k])
+                buf_tok += n
+                written += n
+                bar.update(n)
+                if buf_tok >= shard_tokens:
+                    flush(k + 1)
+                if stop:
+                    flush(k + 1)
+                    writer.check()
+                    stop.stopped(f"SGLang capture into {out} after {k + 1} of {len(rows)} conversations (saved)")
+            flush(len(rows))
+        writer.check()
+    finally:
+        writer.join()  # a shard being written is finished (and indexed) whatever stops the loop
     return written
 
 

@@ -35,7 +35,7 @@ def capture_splits(
     *,
     dtype="bfloat16",
     shard_tokens: int | None = None,
-    in_flight: int = 8,
+    in_flight: int = 16,
     python: str | None = None,
     prefix: str | None = None,
     startup_timeout: float = 900.0,
@@ -98,7 +98,7 @@ def add_capture_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--token-cache", default="", help="tokenised conversations' cache (default OUT/../tokens)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default: about 1 GB)")
-    ap.add_argument("--in-flight", type=int, default=8, help="requests kept in flight to the server")
+    ap.add_argument("--in-flight", type=int, default=16, help="conversations in flight (batched by SGLang)")
     ap.add_argument("--sglang-python", default=None, help="interpreter that runs SGLang (default this one)")
     ap.add_argument("--sglang-prefix", default=None, help="an offline SGLang bundle install to put first on the path")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds the server may take to start")

@@ -11,6 +11,16 @@ EAGLE-3 path computes them. The hook writes both, per request chunk, to a spool 
 only: with plain TP every rank holds the whole residual stream) and hands the model its plain
 output back, so the sampler and logits processor see an ordinary forward.
 
+Why the spool is written the way it is: the hook runs on the scheduler's own thread, so whatever it
+waits for, every request waits for. It therefore never waits on the GPU or the disk: per batch it
+starts one copy of the batch's states into pinned host memory (non-blocking, on the forward's
+stream, an event recorded after it), leaves an empty `.pending` marker per request chunk (so the
+client, whose answer may arrive before the file, knows a chunk is coming) and queues the batch for
+a writer thread. That thread waits for the event and writes each request's rows straight from the
+host copy (core.tensorfile: no join, no bytes copy, the GIL released while the kernel copies), then
+replaces the marker by the chunk. The queue is short: when the disk falls behind, the scheduler
+waits for it instead of filling host memory.
+
 Only torch and safetensors are imported at module level: the CPU tests drive the hook with
 stand-in modules, and SGLang is imported only where a worker needs it.
 """
@@ -19,11 +29,16 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
+import time
 from pathlib import Path
 
 HOOK_FACTORY = "draftlab.sglang.hidden_hook:capture_hook"
 RID_PREFIX = "draftlab-"  # only requests whose id starts so are spooled (not SGLang's warm-up)
 ERROR_FILE = "ERROR"  # a worker that cannot capture writes why here; the client stops on it
+PENDING = ".pending"  # a chunk queued for the writer thread and not yet in the spool
+WRITER_QUEUE = 4  # batches copied to host and waiting for the disk, at most (then the scheduler waits)
 
 
 def hook_specs(spool_dir, config_ids, layers, hidden_size: int, architectures) -> list[dict]:
@@ -74,6 +89,7 @@ class CaptureHook:
         self.architectures = list(config.get("architectures") or [])
         self.armed = False
         self.failed = False
+        self.queue: queue.Queue | None = None  # batches for the writer thread, started on the first one
 
     def __call__(self, module, args, output):
         if not self.armed:
@@ -112,6 +128,8 @@ class CaptureHook:
         return get_tensor_model_parallel_rank() == 0
 
     def spool_batch(self, batch, aux, final) -> None:
+        """Queue the batch's draftlab requests for the writer thread; aux [T, 3H], final [T, H] with T the
+        batch's tokens, request i its rows offset_i .. offset_i + n_i (SGLang's extend layout)."""
         lens, starts = list(batch.extend_seq_lens_cpu), list(batch.extend_prefix_lens_cpu)
         tokens = sum(lens)
         if tuple(aux.shape) != (tokens, 3 * self.hidden) or tuple(final.shape) != (tokens, self.hidden):
@@ -121,11 +139,34 @@ class CaptureHook:
                 "layout splits tokens across ranks: not supported)"
             )
             return
-        offset = 0
+        chunks, offset = [], 0
         for rid, n, start in zip(batch.rids, lens, starts):
             if str(rid).startswith(RID_PREFIX):
-                write_chunk(self.spool, str(rid), int(start), aux[offset : offset + n], final[offset : offset + n])
+                chunks.append((str(rid), int(start), offset, int(n)))
             offset += n
+        if not chunks:
+            return
+        self.spool.mkdir(parents=True, exist_ok=True)
+        for rid, start, _, _ in chunks:  # before the forward returns, so before the client's answer
+            (self.spool / (chunk_name(rid, start) + PENDING)).touch()
+        (host_aux, _), (host_final, event) = to_host(aux), to_host(final)  # one stream: the 2nd event covers both
+        if self.queue is None:
+            self.queue = queue.Queue(WRITER_QUEUE)
+            threading.Thread(target=self._writer, name="draftlab-spool", daemon=True).start()
+        self.queue.put((host_aux, host_final, event, chunks))
+
+    def _writer(self) -> None:
+        """The writer thread: each queued batch's chunks into the spool, in order, then their markers off."""
+        while True:
+            host_aux, host_final, event, chunks = self.queue.get()
+            try:
+                if event is not None:
+                    event.synchronize()  # the host copy is complete (the GIL is released while waiting)
+                for rid, start, offset, n in chunks:
+                    write_chunk(self.spool, rid, start, host_aux[offset : offset + n], host_final[offset : offset + n])
+                    (self.spool / (chunk_name(rid, start) + PENDING)).unlink(missing_ok=True)
+            except Exception as exc:  # the client reads ERROR and stops; the worker serves on
+                self.fail(f"cannot write the spool: {type(exc).__name__}: {exc}")
 
     def fail(self, message: str) -> None:
         self.failed = True
@@ -155,14 +196,30 @@ def chunk_name(rid: str, start: int) -> str:
     return f"{rid}.{start:09d}.safetensors"
 
 
+def to_host(t):
+    """(host tensor, CUDA event or None): a CUDA tensor's copy started into pinned memory on the current
+    stream, the event recorded after it (the writer waits on it); a CPU tensor is copied at once, since
+    the model may reuse its memory after the hook returns."""
+    import torch
+
+    t = t.detach()
+    if not t.is_cuda:
+        return t.clone(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
 def write_chunk(spool: Path, rid: str, start: int, aux, final) -> Path:
-    """Tokens start.. of request rid: aux [n, 3H], final [n, H], written whole or not at all."""
-    from safetensors.torch import save_file
+    """Tokens start.. of request rid: aux [n, 3H], final [n, H] (CPU), written whole or not at all."""
+    from draftlab.core.tensorfile import write_parts
 
     spool.mkdir(parents=True, exist_ok=True)
     path = spool / chunk_name(rid, start)
     tmp = path.with_name("." + path.name + ".tmp")
-    save_file({"aux": aux.detach().to("cpu").contiguous(), "final": final.detach().to("cpu").contiguous()}, str(tmp))
+    write_parts(tmp, {"aux": aux, "final": final})
     os.replace(tmp, path)
     return path
 
@@ -172,12 +229,27 @@ def worker_error(spool: Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def take_request(spool: Path, rid: str, n_tokens: int):
+def wait_written(spool: Path, rid: str, timeout: float) -> None:
+    """Until no chunk of request rid is pending in the worker's writer (or a worker error appears);
+    ValueError after `timeout` seconds."""
+    deadline, pause, prefix = time.monotonic() + timeout, 0.0005, rid + "."
+    while any(e.name.startswith(prefix) and e.name.endswith(PENDING) for e in os.scandir(spool)):
+        if worker_error(spool) is not None:
+            return
+        if time.monotonic() > deadline:
+            raise ValueError(f"{rid}: spooled chunks still being written after {timeout:.0f} s")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
+
+
+def take_request(spool: Path, rid: str, n_tokens: int, timeout: float = 600.0):
     """(aux [n, 3H], final [n, H]) of a finished request, its chunks joined in order and deleted;
-    ValueError when the chunks do not cover tokens 0..n-1 exactly."""
+    ValueError when the chunks do not cover tokens 0..n-1 exactly. Waits first for the chunks the
+    worker's writer thread still holds (the answer can arrive before them)."""
     import torch
     from safetensors.torch import load_file
 
+    wait_written(Path(spool), rid, timeout)
     paths = sorted(Path(spool).glob(f"{rid}.*.safetensors"))
     aux, final, at = [], [], 0
     for path in paths:
@@ -192,4 +264,6 @@ def take_request(spool: Path, rid: str, n_tokens: int):
         raise ValueError(f"{rid}: {at} tokens spooled of {n_tokens}")
     for path in paths:
         path.unlink()
+    if len(paths) == 1:  # one prefill chunk (the usual case): nothing to join
+        return aux[0], final[0]
     return torch.cat(aux), torch.cat(final)

@@ -80,7 +80,7 @@ class SGLangCapture:
         spool_dir=None,
         python: str | None = None,
         env: dict | None = None,
-        in_flight: int = 8,
+        in_flight: int = 16,
         startup_timeout: float = 900.0,
         request_timeout: float = 900.0,
     ):
@@ -137,8 +137,9 @@ class SGLangCapture:
         self._generate(ids, rid)
         self._raise_worker_error()
         try:
-            aux, final = take_request(self.spool, rid, len(ids))
+            aux, final = take_request(self.spool, rid, len(ids), timeout=self.timeout)
         except ValueError as exc:
+            self._raise_worker_error()  # the writer's own failure, when it is one
             raise RunFailure(
                 f"SGLang capture: {exc} (a prefill replayed from a CUDA graph runs no hook: keep "
                 f"--disable-prefill-cuda-graph; log {self.server.log_path})"
