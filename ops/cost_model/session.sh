@@ -15,9 +15,10 @@
 #                batch 1, on the first CHECK_N held-out prompts (its acceptance and speedup, measured)
 #   check-cost   `bench cost` of the embedded shape on those same prompts, flags and token limit
 #   tree         the embedded shape's tree3-4-8
+#   capture      (the SGLang hidden-state proof, step embedded, on the real embedded target: ops/sglang_hidden)
 # Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check (the real measurement).
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu/common.sh"   # DL, SITE, OUT/log, PYTHONPATH, say, left, ensure_all
-STEPS=${STEPS:-8b,check-real,check-cost,30b,1b,tree}
+STEPS=${STEPS:-8b,check-real,check-cost,30b,1b,capture,tree}
 CHECK_N=${CHECK_N:-32}
 BASE_FLAGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none"
 GRAPHS="--cuda-graph-bs 1 4 16 64"   # decode graphs for the measured batch sizes only (a big shape starts faster)
@@ -80,6 +81,8 @@ run_step() {
           "$BASE_FLAGS --sleep-on-idle" ;;
     tree) cost tree data/configs/smollm2-135m smollm2-135m-tree tree3-4-8 0.4 "--acceptances 1,2,4 --warmup 1" \
           "$BASE_FLAGS" ;;
+    capture) SGLANG_PREFIX=$DL/sglang OUT=$OUT/sglang-hidden STEPS=embedded MODEL=$MODEL \
+          timeout -s TERM -k 30 $(( $(left) - 20 )) bash ops/sglang_hidden/run.sh ;;
     *) say "unknown step $1"; return 2 ;;
   esac
 }
