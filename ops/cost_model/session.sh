@@ -18,7 +18,7 @@
 #   capture      (the SGLang hidden-state proof, step embedded, on the real embedded target: ops/sglang_hidden)
 # Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check (the real measurement).
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu/common.sh"   # DL, SITE, OUT/log, PYTHONPATH, say, left, ensure_all
-STEPS=${STEPS:-8b,check-real,check-cost,30b,1b,capture,tree}
+STEPS=${STEPS:-8b,check-real,check-cost,1b,30b,capture,tree}
 CHECK_N=${CHECK_N:-32}
 BASE_FLAGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none"
 GRAPHS="--cuda-graph-bs 1 4 16 64"   # decode graphs for the measured batch sizes only (a big shape starts faster)
@@ -69,7 +69,7 @@ PY
 
 run_step() {
   case $1 in
-    8b) cost 8b data/configs/llama-3.1-8b llama-3.1-8b chain6 0.5 "--weights dummy --acceptances 1,3,5,7 --warmup 1" \
+    8b) cost 8b data/configs/llama-3.1-8b llama-3.1-8b chain6 0.5 "--weights dummy --acceptances 1,4,7 --warmup 1" \
           "$BASE_FLAGS $GRAPHS" ;;
     1b) cost 1b data/configs/llama-3.2-1b llama-3.2-1b chain6 0.4 "--weights dummy --acceptances 1,4,7 --warmup 1" \
           "$BASE_FLAGS $GRAPHS" ;;
