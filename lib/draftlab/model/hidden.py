@@ -201,16 +201,17 @@ def check_free_disk(out_dir, need: float, what: str, instead: str) -> None:
 def write_shard(out_dir, meta: dict, tensors: dict, start: int, end: int, **extra) -> None:
     """Samples start..end-1 as one shard (temp name, then renamed), then index.json naming it.
 
-    A tensor may be given as its parts, one [n_i, W] block per sample: they are written one after the
-    other (core.tensorfile), never joined in memory; a 1 GB shard is then one copy, not three."""
+    A tensor may be given as its parts, one [n_i, W] block per sample: joined along dim 0 here."""
     from pathlib import Path
 
-    from draftlab.core.tensorfile import write_parts
+    import torch
+    from safetensors.torch import save_file
 
     out = Path(out_dir)
     name = f"shard-{len(meta['shards']):05d}.safetensors"
     with atomic_path(out / name, suffix=TMP_SUFFIX) as tmp:
-        write_parts(tmp, tensors)
+        whole = {k: torch.cat(v) if isinstance(v, (list, tuple)) else v for k, v in tensors.items()}
+        save_file({k: v.contiguous() for k, v in whole.items()}, str(tmp))
     meta["shards"].append({"file": name, "start": start, "end": end, **extra})
     atomic_write_json(out / "index.json", meta)
 

@@ -12,7 +12,7 @@ applied.
 
 A shard (about 1 GB) is written on a thread of its own while the next one fills: the adapter keeps
 its requests in flight during the write instead of leaving SGLang idle, and each conversation's
-states go to the file as they came, without being joined first (model.hidden.write_shard).
+states go to the file as they came (model.hidden.write_shard joins them).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def _run(adapter, dataset, out: Path, meta: dict, plan: dict, dtype, shard_token
 
     def flush(end: int) -> None:
         nonlocal start, buf_aux, buf_last, buf_ids, buf_tok
-        if end > start:  # aux: [n_k, 3H] and last: [n_k, H] per conversation, joined only in the file
+        if end > start:  # aux: [n_k, 3H] and last: [n_k, H] per conversation, joined by write_shard
             writer.submit(out, meta, {"aux": buf_aux, "last": buf_last}, start, end, ids=buf_ids)
         start, buf_aux, buf_last, buf_ids, buf_tok = end, [], [], [], 0
 

@@ -16,10 +16,9 @@ waits for, every request waits for. It therefore never waits on the GPU or the d
 starts one copy of the batch's states into pinned host memory (non-blocking, on the forward's
 stream, an event recorded after it), leaves an empty `.pending` marker per request chunk (so the
 client, whose answer may arrive before the file, knows a chunk is coming) and queues the batch for
-a writer thread. That thread waits for the event and writes each request's rows straight from the
-host copy (core.tensorfile: no join, no bytes copy, the GIL released while the kernel copies), then
-replaces the marker by the chunk. The queue is short: when the disk falls behind, the scheduler
-waits for it instead of filling host memory.
+a writer thread. That thread waits for the event and writes each request's rows from the host copy
+(safetensors), then replaces the marker by the chunk. The queue is short: when the disk falls
+behind, the scheduler waits for it instead of filling host memory.
 
 Only torch and safetensors are imported at module level: the CPU tests drive the hook with
 stand-in modules, and SGLang is imported only where a worker needs it.
@@ -214,12 +213,12 @@ def to_host(t):
 
 def write_chunk(spool: Path, rid: str, start: int, aux, final) -> Path:
     """Tokens start.. of request rid: aux [n, 3H], final [n, H] (CPU), written whole or not at all."""
-    from draftlab.core.tensorfile import write_parts
+    from safetensors.torch import save_file
 
     spool.mkdir(parents=True, exist_ok=True)
     path = spool / chunk_name(rid, start)
     tmp = path.with_name("." + path.name + ".tmp")
-    write_parts(tmp, {"aux": aux, "final": final})
+    save_file({"aux": aux.contiguous(), "final": final.contiguous()}, str(tmp))
     os.replace(tmp, path)
     return path
 
