@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The published cost table's GPU session on one H100/H200: the shapes users serve beside the embedded
 # target, and the check of the cost model against the best published draft served for real.
-# Every call first takes the cargo chunk it carried (ops/gpu/cargo.sh: the embedded target's GGUF, the
-# wheels, SGLang's bundle, the published drafts) and stages the bundle's parts; once every chunk is
-# there it sets up (wheels, target, SGLang) and runs STEPS in order, each skipped once done (a marker
-# in $DL/cost-done), each resuming what it measured, until BUDGET_S. Call again until it says "all done".
+# Every call first stages what it carried: a part of SGLang's bundle (.device/sglang/pN, as
+# `draftlab sglang bundle --part-size 36M` writes them) or a cargo chunk (CARGO=check ops/gpu/cargo.sh:
+# the embedded target's GGUF, the wheels, the published drafts). Once the bundle is whole it installs
+# SGLang and runs STEPS in order, each skipped once done (a marker in $DL/cost-done), each resuming
+# what it measured, until BUDGET_S; a step that needs the cargo waits (is skipped) until it is whole.
+# Call again until it says "all done".
 #   here:  bash ops/gpu/prepare.sh; bash ops/gpu/published_draft.sh results/recipes/rows/best-data2x \
-#          .device/drafts/best-data2x; the bundle's parts in .device/sglang/pN; bash ops/gpu/cargo.sh pack
-#   there: BUDGET_S=540 bash ops/cost_model/session.sh   (call N carries .device/cargo/cN)
+#          .device/drafts/best-data2x; CARGO=check bash ops/gpu/cargo.sh pack
+#   there: BUDGET_S=540 bash ops/cost_model/session.sh   (a call carries .device/sglang/pN or .device/cargo/cN)
 # Steps (STEPS, comma-separated):
 #   8b, 1b, 30b  bench cost of data/configs/{llama-3.1-8b,llama-3.2-1b,qwen2.5-32b} at chain S = 6
 #                with SGLang's own random weights (--weights dummy), decode graphs for the measured batches
@@ -33,11 +35,17 @@ bash ops/gpu/cargo.sh receive || exit 1
 for d in .device/sglang/p*; do
   [ -d "$d" ] && python3 -m draftlab.sglang.install stage --parts-dir "$d" --stage "$DL/sglang-parts"
 done
-[ -f "${CARGO_HOLD:-/tmp/cargo}/root/.complete" ] || { say "cargo: not every chunk is here yet; carry the next"; exit 0; }
-ensure_all || exit 1
+staged=$(ls "$DL/sglang-parts" 2>/dev/null | grep -c 'part-.*-of-')
+whole=$(ls "$DL/sglang-parts" 2>/dev/null | sed -n 's/.*-of-0*\([0-9]*\)$/\1/p' | head -1)
+if [ -z "$whole" ] || [ "$staged" -lt "$whole" ]; then say "bundle: $staged of ${whole:-?} parts staged; carry the next"; exit 0; fi
 python3 -m draftlab.sglang.install install --stage "$DL/sglang-parts" --prefix "$DL/sglang" || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-xz -dc results/reference/data/blend/test.jsonl.xz | head -n "$CHECK_N" > "$HELD_OUT"
+cargo_ready() {  # the embedded target, its wheels and the drafts, set up once
+  [ -f "${CARGO_HOLD:-/tmp/cargo}/root/.complete" ] || return 1
+  [ -f "$HELD_OUT" ] && return 0
+  ensure_all || return 1
+  xz -dc results/reference/data/blend/test.jsonl.xz | head -n "$CHECK_N" > "$HELD_OUT"
+}
 
 cost() {  # cost STEP TARGET NAME SETTINGS MEM EXTRA FLAGS: one shape's bench, resumed, within this call
   local budget=$(( $(left) - 20 ))
@@ -90,6 +98,9 @@ run_step() {
 rc=0
 for step in ${STEPS//,/ }; do
   [ -f "$DONE/$step" ] && { say "$step: done before"; continue; }
+  case $step in check-*|capture)
+    cargo_ready || { say "$step: waits for the cargo (the target, the wheels, the drafts)"; rc=3; continue; } ;;
+  esac
   say "step $step ($(left) s left)"
   run_step "$step"; s=$?
   if [ $s -eq 0 ]; then touch "$DONE/$step"; say "$step: done"; else say "$step: exit $s"; rc=3; break; fi

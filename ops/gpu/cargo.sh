@@ -16,6 +16,8 @@
 # Call N carries .device/cargo/cN; chunks may come in any order; a chunk carried twice is a no-op.
 # .device/compile-cache/compile-cache.tar.xz, when a session sent its compilers' caches back (SEND_COMPILE_CACHE=1,
 # ops.gpu_compile_cache), travels with either kind and is unpacked by the call's set-up.
+# CARGO=check packs the target, the wheels and the published drafts, not the bundle: ops/cost_model/session.sh
+# takes the bundle's parts as they are, so that its shapes are measured before the rest has come.
 # CARGO=train packs only what training needs (the target, the wheels, the reference draft that recipes.sh
 # stages as row `base`): 5 chunks instead of 14, for a session that trains and sends drafts back but does
 # not start SGLang (2026-12-02: a machine taken back mid-call cost the whole cargo).
@@ -25,7 +27,8 @@ TARGET=(.device/a/part-aa .device/b/part-ab .device/b/model.gguf.sha256 .whl)  #
 case ${CARGO:-all} in
   all) ITEMS=("${TARGET[@]}" .device/sglang/p* .device/drafts) ;;  # every bundle part there is
   train) ITEMS=("${TARGET[@]}" .device/drafts/eagle3) ;;
-  *) echo "cargo: CARGO=${CARGO} (expected all or train)" >&2; exit 2 ;;
+  check) ITEMS=("${TARGET[@]}" .device/drafts) ;;  # the bundle's parts carried on their own (cost_model/session.sh)
+  *) echo "cargo: CARGO=${CARGO} (expected all, train or check)" >&2; exit 2 ;;
 esac
 # the compilers' caches a session sent back (ops.gpu_compile_cache), when there: both kinds carry them
 [ -f .device/compile-cache/compile-cache.tar.xz ] && ITEMS+=(.device/compile-cache)
