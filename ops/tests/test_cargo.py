@@ -68,7 +68,7 @@ def test_a_missing_item_or_an_unknown_kind_is_refused(tmp_path):
     missing = cargo(here, "pack", "3K", CARGO="train")
     assert missing.returncode == 1 and ".whl missing" in missing.stderr
     unknown = cargo(here, "pack", "3K", CARGO="sglang")
-    assert unknown.returncode == 2 and "expected all or train" in unknown.stderr
+    assert unknown.returncode == 2 and "expected all, train or check" in unknown.stderr
 
 
 @pytest.mark.parametrize("kind", ["all", "train"])
