@@ -20,7 +20,7 @@
 #   capture      (the SGLang hidden-state proof, step embedded, on the real embedded target: ops/sglang_hidden)
 # Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check (the real measurement).
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu/common.sh"   # DL, SITE, OUT/log, PYTHONPATH, say, left, ensure_all
-STEPS=${STEPS:-8b,check-real,check-cost,1b,30b,capture,tree}
+STEPS=${STEPS:-8b,1b,30b,check-real,check-cost,capture,tree}
 CHECK_N=${CHECK_N:-32}
 BASE_FLAGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none"
 GRAPHS="--cuda-graph-bs 1 4 16 64"   # decode graphs for the measured batch sizes only (a big shape starts faster)
