@@ -384,6 +384,11 @@ def test_chosen_acceptances_start_fewer_servers(tmp_path):
     assert fake.started == [("chain3", None), ("chain3", 1), ("chain3", 4)]
     fits, errors = fit_table(cost_report.table_rows(folder.rows()), {"chain3": 4})
     assert not errors and {f.points for f in fits} == {2}
+    near, far = cost_report.projection(fits, 3.0, "chain3")[0], cost_report.projection(fits, 1.0, "chain3")[0]
+    assert near["points"] == 2 and near["within_measured"] and far["within_measured"]
+    fig = cost_report.plot(cost_report.table_rows(folder.rows()), fits)
+    drawn = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("batch")]
+    assert len(drawn) == 2 and all(list(line.get_xdata()) == [1, 4] for line in drawn)  # the points joined, no fit
     with pytest.raises(InputError, match="acceptances"):  # the same shape, other acceptances: refused
         cost_bench.run_job(_job(acceptances=[1, 2, 4]), folder, server_for=fake.server_for, measure=fake.measure)
 

@@ -131,7 +131,8 @@ def test_the_projection_block_is_the_cost_models_and_says_so(tmp_path):
     summary = {
         "shapes": [{"name": "big", "parameters": 8.03e9, "gpu": "NVIDIA H100 80GB HBM3"}],
         "projection": [
-            {"shape": "big", "batch": b, "setting": "chain6", "acceptance": 4.1, "speedup": s}
+            {"shape": "big", "batch": b, "setting": "chain6", "acceptance": 4.1, "speedup": s, "points": 3,
+             "measured_up_to": 7.0, "within_measured": True}
             for b, s in ((4, 2.31), (1, 2.52))
         ],
         "embedded_predicted_speedup": 1.8,
@@ -148,8 +149,12 @@ def test_the_projection_block_is_the_cost_models_and_says_so(tmp_path):
     body = doc.read_text()
     assert "cost-model projection" in body and "NVIDIA H100 80GB HBM3" in body and "8.0B parameters" in body
     assert "| batch | 1 | 4 |" in body and "| 2.52x | 2.31x |" in body and "error +5.9%" in body
-    path.write_text(json.dumps({**summary, "projection": summary["projection"][:1]}))
+    assert "fitted through 3 forced acceptances." in body and "nothing checks" not in body
+    two = [{**p, "points": 2, "measured_up_to": 3.99, "within_measured": False} for p in summary["projection"]]
+    path.write_text(json.dumps({**summary, "projection": two}))
     assert published.main(["--check", str(doc)]) == 1
+    published.main([str(doc)])
+    assert "(two: a line nothing checks), 0.11 beyond the highest measured (3.99)" in doc.read_text()
     doc.write_text("<!-- projection: cost/summary.json other -->\n<!-- /projection -->\n")
     with pytest.raises(SystemExit, match="no projection for shape 'other'"):
         published.main([str(doc)])

@@ -86,6 +86,24 @@ def test_no_health_within_the_timeout_is_a_clear_error_and_nothing_is_left(tmp_p
     assert _gone(srv.pid)
 
 
+def test_a_stop_does_not_wait_for_a_slow_start(tmp_path):
+    """A SIGTERM while a server starts (a large model's takes minutes) abandons the start at once: the
+    one-line Stopped with the resume hint, exit code 143, and the server's whole group is gone."""
+    import threading
+
+    from draftlab.core.stop import Stopped, graceful_stop
+
+    srv = _server(tmp_path, "--ready-after", "600", "--spawn-child", timeout=300)
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    t0 = time.monotonic()
+    with graceful_stop("rerun to continue"), pytest.raises(Stopped) as err:
+        timer.start()
+        srv.start()
+    assert time.monotonic() - t0 < 10
+    assert err.value.exit_code == 143 and "start at" in str(err.value) and "rerun to continue" in str(err.value)
+    assert _gone(srv.pid) and _gone(_grandchild(srv.log_path))
+
+
 def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
     srv = ServerProcess(
         [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"],

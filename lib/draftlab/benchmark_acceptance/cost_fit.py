@@ -40,6 +40,7 @@ class CycleFit:
     c1: float
     points: int
     max_residual: float  # largest |predicted - measured| / measured speedup over the points
+    measured_span: tuple[float, float] = (1.0, 1.0)  # lowest and highest acceptance measured (tokens per cycle)
 
     def cycle_cost(self, acceptance: float) -> float:
         return self.c0 + self.c1 * acceptance
@@ -112,7 +113,7 @@ def fit_cycle(
     sxx = sum((x - mx) ** 2 for x in xs)
     c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     c0 = my - c1 * mx
-    fit = CycleFit(shape, setting, int(batch), int(max_acceptance), c0, c1, n, 0.0)
+    fit = CycleFit(shape, setting, int(batch), int(max_acceptance), c0, c1, n, 0.0, (min(xs), max(xs)))
     if min(fit.cycle_cost(1.0), fit.cycle_cost(float(max_acceptance))) < MIN_CYCLE_COST:
         raise FitError(
             f"{where}: fitted cycle cost {fit.cycle_cost(1.0):.2f} .. {fit.cycle_cost(float(max_acceptance)):.2f} "

@@ -29,6 +29,7 @@ EXTRA_COLUMNS = (
     "cycle_cost",
 )
 PLOT_NAME = "speedup.png"
+CHECKED_POINTS = 3  # a fitted line is drawn (and called checked) only over this many acceptances or more
 
 
 def table_rows(measurements: list[dict]) -> list[dict]:
@@ -134,6 +135,7 @@ def needed_table(fits: list[CycleFit]) -> list[dict]:
             "cycle_cost_at_1": round(f.cycle_cost(1.0), 3),
             **{f"acceptance_for_{x:g}x": (None if f.needed(x) is None else round(f.needed(x), 2)) for x in TARGETS},
             "max_acceptance": f.max_acceptance,
+            "points": f.points,  # under CHECKED_POINTS: a line through the points, nothing checks it
         }
         for f in fits
     ]
@@ -149,7 +151,19 @@ def projection(fits: list[CycleFit], acceptance: float, setting: str) -> list[di
             value = round(f.speedup(acceptance), 3)
         except FitError:
             value = None
-        out.append({"shape": f.shape, "batch": f.batch, "setting": setting, "acceptance": acceptance, "speedup": value})
+        lo, hi = f.measured_span
+        out.append(
+            {
+                "shape": f.shape,
+                "batch": f.batch,
+                "setting": setting,
+                "acceptance": acceptance,
+                "speedup": value,
+                "points": f.points,
+                "measured_up_to": round(hi, 3),  # the highest acceptance measured (tokens per cycle)
+                "within_measured": lo - 0.05 <= acceptance <= hi + 0.05,  # interpolated, not extrapolated
+            }
+        )
     return out
 
 
@@ -185,7 +199,9 @@ def write_summary(path, *, jobs: dict, rows, fits, errors, extra: dict | None = 
 def plot(rows: list[dict], fits: list[CycleFit], path=None):
     """Speedup vs forced acceptance: a panel per shape and setting, a colour per batch size.
 
-    Dots: measured; lines: the fitted cycle cost; dashed: 1x, 1.5x and 2x. Returns the figure."""
+    Dots: measured; lines: the fitted cycle cost where three or more acceptances were measured (a line
+    through two points has nothing to check it: those are joined by a thin dotted line over their own
+    span only); dashed: 1x, 1.5x and 2x. Each panel names its GPU. Returns the figure."""
     import matplotlib
 
     if path is not None:
@@ -211,18 +227,21 @@ def plot(rows: list[dict], fits: list[CycleFit], path=None):
                 continue
             ax.scatter([r["acceptance"] for r in mine], [float(r["speedup"]) for r in mine], color=colours[b], s=14)
             fit = next((f for f in fits if (f.shape, f.setting, f.batch) == (shape, setting, b)), None)
-            if fit is not None:
+            if fit is not None and fit.points >= CHECKED_POINTS:
                 xs = [1 + i * (fit.max_acceptance - 1) / 40 for i in range(41)]
                 ax.plot(xs, [fit.speedup(x) for x in xs], color=colours[b], lw=1.2, label=f"batch {b}")
+            else:
+                xs = [r["acceptance"] for r in mine]
+                ax.plot(xs, [float(r["speedup"]) for r in mine], color=colours[b], lw=0.8, ls=":", label=f"batch {b}")
         for x in TARGETS:
             ax.axhline(x, color="grey", lw=0.8, ls="--" if x == 1 else ":")
             ax.text(1.0, x, f" {x:g}x", va="bottom", fontsize=9, color="grey")
-        ax.set_title(f"{shape} · {setting}", fontsize=10)
+        gpu = ", ".join(sorted({r["gpu"] for r in pts})).replace("NVIDIA ", "")
+        ax.set_title(f"{shape} · {setting} ({gpu})", fontsize=10)
         ax.set_xlabel("acceptance length (forced)")
         ax.set_ylabel("speedup over plain SGLang")
         ax.legend(fontsize=9, loc="upper left")
-    gpus = sorted({r["gpu"] for r in rows})
-    fig.suptitle(f"SGLang speedup by acceptance and batch size (random weights; {', '.join(gpus)})", fontsize=11)
+    fig.suptitle("SGLang speedup by acceptance and batch size (random weights, forced acceptance)", fontsize=11)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=130)

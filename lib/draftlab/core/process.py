@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from draftlab.core.stop import pending_stop
+
 __all__ = [
     "ServerProcess",
     "ServerStartError",
@@ -329,6 +331,9 @@ class ServerProcess:
                     return
             except httpx.HTTPError:
                 pass
+            stop = pending_stop()
+            if stop is not None:  # a stop does not wait for a start that may take minutes (a large model's)
+                stop.stopped(f"{self.kind} start at {url} abandoned after {time.monotonic() - t0:.0f} s")
             now = time.monotonic()
             if now - t0 > self.startup_timeout:
                 raise ServerStartError(

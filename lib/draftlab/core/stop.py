@@ -60,6 +60,12 @@ class StopRequest:
 _active: StopRequest | None = None
 
 
+def pending_stop() -> StopRequest | None:
+    """The active request once a signal came (None otherwise): for waits that may take minutes, such as a
+    server's start, which must not hold a stop until they end."""
+    return _active if _active is not None and _active.requested else None
+
+
 @contextmanager
 def graceful_stop(resume_hint: str = "rerun the same command to resume"):
     """Inside: the first SIGTERM/SIGINT sets `.requested`, a second raises Interrupted. Outside the main

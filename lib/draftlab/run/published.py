@@ -182,6 +182,16 @@ def render_headline(doc_dir: Path, table: str, row: str, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _span(rows: list[dict]) -> str:
+    """How far the fit behind a projection reaches: its points, and whether the acceptance lies beyond them."""
+    points = min(int(p.get("points", 0)) for p in rows)
+    top = min(float(p.get("measured_up_to", 0)) for p in rows)
+    text = f"; fitted through {points} forced acceptances" + (" (two: a line nothing checks)" if points < 3 else "")
+    if not all(p.get("within_measured", True) for p in rows):
+        text += f", {rows[0]['acceptance'] - top:.2f} beyond the highest measured ({top:.2f})"
+    return text
+
+
 def render_projection(doc_dir: Path, summary_file: str, shape: str) -> str:
     """A measured acceptance's projected speedup on SHAPE per batch size, labelled as a projection of the
     cost model (random weights, forced acceptance), beside the model's check on the embedded target."""
@@ -198,7 +208,9 @@ def render_projection(doc_dir: Path, summary_file: str, shape: str) -> str:
         f"on that target: SGLang served random bf16 weights of `{shape}`'s shape "
         f"({info.get('parameters', 0) / 1e9:.1f}B parameters) and a random draft of the matching shape on one "
         f"{info.get('gpu', 'GPU')}, with the acceptance forced (`SGLANG_SIMULATE_ACC_LEN`); the speedup is the "
-        f"fitted cycle cost's at acceptance {acc:.2f} ({setting}), the best draft's on the embedded target.",
+        f"fitted cycle cost's at acceptance {acc:.2f} ({setting}), the best draft's on the embedded target"
+        + _span(rows)
+        + ".",
         "",
         "| batch | " + " | ".join(str(p["batch"]) for p in rows) + " |",
         "|---|" + "---|" * len(rows),
