@@ -48,7 +48,7 @@ cargo_ready() {  # the embedded target, its wheels and the drafts, set up once
 }
 
 cost() {  # cost STEP TARGET NAME SETTINGS MEM EXTRA FLAGS: one shape's bench, resumed, within this call
-  local budget=$(( $(left) - 20 ))
+  local budget=$(( $(left) - 45 ))  # a SIGTERM stops the bench within a cell; then its report and the copy
   [ "$budget" -gt 90 ] || { say "$1: no time left in this call"; return 3; }
   TARGET=$2 NAME=$3 SETTINGS=$4 MEM_FRACTION=$5 EXTRA=$6 SERVER_FLAGS=$7 BUDGET_S=$budget \
     SGLANG_PREFIX=$DL/sglang RESULTS=$RES bash ops/cost_model/run.sh
@@ -95,6 +95,22 @@ run_step() {
   esac
 }
 
+publish() {  # what is measured so far into $OUT (after every step: a call killed later loses nothing)
+  local report=(python3 -m draftlab.cli bench cost --out "$RES" --report-only)
+  if [ -f "$DL/check/check.json" ]; then
+    read -r acc spd < <(python3 -c "import json; d = json.load(open('$DL/check/check.json')); print(d['acceptance'], d['speedup'])")
+    report+=(--check-acceptance "$acc" --check-speedup "$spd" --check-shape smollm2-135m-check)
+  fi
+  [ -f "$RES/measurements.csv" ] && "${report[@]}" 2>&1 | tail -30
+  mkdir -p "$OUT/cost-model"
+  for f in table.csv summary.json speedup.png commands.txt measurements.csv plan.json; do
+    [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/cost-model/"
+  done
+  [ -d "$RES/logs" ] && tar -C "$RES" -czf "$OUT/cost-model/logs.tar.gz" logs
+  [ -d "$DL/check" ] && tar -C "$DL" --exclude='*.safetensors' -czf "$OUT/check.tar.gz" check
+  return 0
+}
+
 rc=0
 for step in ${STEPS//,/ }; do
   [ -f "$DONE/$step" ] && { say "$step: done before"; continue; }
@@ -103,20 +119,8 @@ for step in ${STEPS//,/ }; do
   esac
   say "step $step ($(left) s left)"
   run_step "$step"; s=$?
+  publish
   if [ $s -eq 0 ]; then touch "$DONE/$step"; say "$step: done"; else say "$step: exit $s"; rc=3; break; fi
 done
-
-report=(python3 -m draftlab.cli bench cost --out "$RES" --report-only)
-if [ -f "$DL/check/check.json" ]; then
-  read -r acc spd < <(python3 -c "import json; d = json.load(open('$DL/check/check.json')); print(d['acceptance'], d['speedup'])")
-  report+=(--check-acceptance "$acc" --check-speedup "$spd" --check-shape smollm2-135m-check)
-fi
-"${report[@]}" 2>&1 | tail -30
-mkdir -p "$OUT/cost-model"
-for f in table.csv summary.json speedup.png commands.txt measurements.csv plan.json; do
-  [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/cost-model/"
-done
-[ -d "$RES/logs" ] && tar -C "$RES" -czf "$OUT/cost-model/logs.tar.gz" logs
-[ -d "$DL/check" ] && tar -C "$DL" --exclude='*.safetensors' -czf "$OUT/check.tar.gz" check
 [ $rc -eq 0 ] && say "all done" || say "call again (the next call resumes)"
 exit $rc
