@@ -24,7 +24,10 @@ from draftlab.benchmark_acceptance.cost_shape import (
     load_config,
     shape_info,
 )
+from draftlab.benchmark_acceptance.live import jsonl_prompts
 from draftlab.core.errors import InputError, RunFailure
+from draftlab.engine import encode_prompts
+from draftlab.model.target import load_tokenizer
 from draftlab.sglang.commands import cost_command
 from draftlab.sglang.install import server_env
 
@@ -92,10 +95,6 @@ def make_job(args, config, name: str, gpu: str, prompts: str | None = None) -> C
 
 def file_prompts(path: str, tokenizer_dir: str, count: int) -> tuple[list[list[int]], str]:
     """(token ids of the chat prompts in a JSONL file, "FILE sha256:..." for the plan): at least `count`."""
-    from draftlab.benchmark_acceptance.live import jsonl_prompts
-    from draftlab.engine import encode_prompts
-    from draftlab.model.target import load_tokenizer
-
     file = Path(path)
     if not file.is_file():
         raise InputError(f"--prompts {path}: no such file")

@@ -24,6 +24,7 @@ from draftlab.core.records import RecordError
 from draftlab.model.contract import safetensors_layout
 from draftlab.model.draft import Eagle3Draft, config_from_dict
 from draftlab.model.target import load_target
+from draftlab.sglang.head_target import load_head_target
 from draftlab.train_draft.config import TrainConfig
 
 
@@ -168,9 +169,7 @@ def load_checkpoint_draft(path, target_spec: str | None = None, device: str = "c
     ck = find_checkpoint(path)
     state = json.loads((ck / "state.json").read_text())
     if target is None:
-        load = load_target
-        if state["train_config"].get("hidden") == "sglang":
-            from draftlab.sglang.head_target import load_head_target as load
+        load = load_head_target if state["train_config"].get("hidden") == "sglang" else load_target
         target = load(target_spec or state["train_config"]["target"], device=device)
     dc = dict(state["draft_config"])
     ids = (dc.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
