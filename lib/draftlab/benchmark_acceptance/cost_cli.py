@@ -104,7 +104,9 @@ def file_prompts(path: str, tokenizer_dir: str, count: int) -> tuple[list[list[i
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
     except (OSError, ValueError) as exc:
-        raise InputError(f"--tokenizer {tokenizer_dir}: cannot load a tokenizer ({str(exc).splitlines()[0][:200]})")
+        raise InputError(
+            f"--tokenizer {tokenizer_dir}: cannot load a tokenizer ({str(exc).splitlines()[0][:200]})"
+        ) from None
     ids = encode_prompts(tokenizer, [r["messages"] for r in rows])
     return ids, f"{file.name} sha256:{hashlib.sha256(file.read_bytes()).hexdigest()[:16]} ({len(ids)} prompts)"
 
