@@ -120,7 +120,11 @@ for step in ${STEPS//,/ }; do
   say "step $step ($(left) s left)"
   run_step "$step"; s=$?
   publish
-  if [ $s -eq 0 ]; then touch "$DONE/$step"; say "$step: done"; else say "$step: exit $s"; rc=3; break; fi
+  case $s in
+    0) touch "$DONE/$step"; say "$step: done" ;;
+    3) say "$step: out of time in this call"; rc=3; break ;;
+    *) say "$step: failed (exit $s; its log above); the next step runs"; rc=1 ;;  # e.g. a resume refused on another GPU
+  esac
 done
-[ $rc -eq 0 ] && say "all done" || say "call again (the next call resumes)"
+case $rc in 0) say "all done" ;; 3) say "call again (the next call resumes)" ;; *) say "a step failed" ;; esac
 exit $rc
