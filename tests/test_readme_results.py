@@ -131,8 +131,16 @@ def test_the_projection_block_is_the_cost_models_and_says_so(tmp_path):
     summary = {
         "shapes": [{"name": "big", "parameters": 8.03e9, "gpu": "NVIDIA H100 80GB HBM3"}],
         "projection": [
-            {"shape": "big", "batch": b, "setting": "chain6", "acceptance": 4.1, "speedup": s, "points": 3,
-             "measured_up_to": 7.0, "within_measured": True}
+            {
+                "shape": "big",
+                "batch": b,
+                "setting": "chain6",
+                "acceptance": 4.1,
+                "speedup": s,
+                "points": 3,
+                "measured_up_to": 7.0,
+                "within_measured": True,
+            }
             for b, s in ((4, 2.31), (1, 2.52))
         ],
         "embedded_predicted_speedup": 1.8,
