@@ -1,5 +1,5 @@
-"""Notebook 07's SGLang size curve, read as data: the size_curve.json that the recipe study writes
-(`python -m studies.recipes size-curve`; results/recipes/size-curve/), its lines and its two figures.
+"""Notebook 07's SGLang size curve, read as data: the size_curve.json of the published recipe study
+(results/recipes/size-curve/; results/recipes/README.md says how it was made), its lines and its two figures.
 
 Why here: the notebook reads the study's record, not its code. The figures refit the recorded points with
 this stage's fits (data_scaling.fits: the same models and the chain's ceiling), so they match the record's.
