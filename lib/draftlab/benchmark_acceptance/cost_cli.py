@@ -64,7 +64,7 @@ def _gpu(dry_run: bool) -> str:
     raise RunFailure("no CUDA GPU here: bench cost measures SGLang servers on a GPU (--dry-run builds and prints)")
 
 
-def make_job(args, config, name: str, gpu: str, prompts: str | None = None) -> CostJob:
+def make_job(args, config, name: str, gpu: str) -> CostJob:
     batches = _ints(args.batches, "--batches")
     settings = parse_settings(args.settings)
     acceptances = _ints(args.acceptances, "--acceptances") if args.acceptances else None
@@ -82,7 +82,6 @@ def make_job(args, config, name: str, gpu: str, prompts: str | None = None) -> C
         weights=args.weights,
         shape_info=shape_info(config),
         acceptances=acceptances,
-        prompts=prompts,
     )
     for setting in settings:
         if len(job.forced(setting)) < 2:
@@ -143,11 +142,10 @@ def bench_cost(args: argparse.Namespace) -> int:
         raise InputError("TARGET missing: a Hugging Face id, a model folder or a config.json")
     config, default_name = load_config(args.target)
     name = args.name or default_name
-    real = None
-    if args.prompts:
-        tokenizer = args.tokenizer or args.target
-        real = file_prompts(args.prompts, tokenizer, max(_ints(args.batches, "--batches")))
-    job = make_job(args, config, name, _gpu(args.dry_run), prompts=real and real[1])
+    job = make_job(args, config, name, _gpu(args.dry_run))
+    real = file_prompts(args.prompts, args.tokenizer or args.target, max(job.batches)) if args.prompts else None
+    if real:
+        job.prompts = real[1]  # part of the job: a rerun with other prompts is refused
     folder.claim(job, record=not args.dry_run)  # refused here, before any model is built
     work = Path(args.work or folder.out / "models") / name
     device = "cuda" if job.gpu != "cpu (dry run)" else "cpu"

@@ -284,9 +284,9 @@ def precompute_hidden(
         bar.update(sum(len(r) for r in rows))
         i = j
         if buf_tok >= shard_tokens or i == len(lengths):
-            tensors = {"last": buf_last}  # per-sample blocks, written back to back
+            tensors = {"last": torch.cat(buf_last)}
             if store_aux:
-                tensors["aux"] = buf_aux
+                tensors["aux"] = torch.cat(buf_aux)
             write_shard(out, meta, tensors, start, i)
             start, buf_aux, buf_last, buf_tok = i, [], [], 0
     bar.close()

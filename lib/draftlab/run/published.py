@@ -235,25 +235,31 @@ def update(readme: Path) -> tuple[str, list[str]]:
     if not any(block.search(text) for block in (BLOCK, HEADLINE, PROJECTION)):
         raise SystemExit(f"{readme}: no `<!-- results: RUN -->`, `<!-- headline: ... -->` or projection block")
 
-    def one(m: re.Match) -> str:
-        body = render(readme.parent, m.group("run"))
-        if body != m.group("body"):
-            changed.append(m.group("run"))
-        return m.group(1) + body + m.group(4)
+    def blocks(pattern: re.Pattern, render_body, label) -> None:
+        """Every block of one kind rendered anew from its record; `changed` names those that differed."""
+        nonlocal text
 
-    def headline(m: re.Match) -> str:
-        body = render_headline(readme.parent, m.group("table"), m.group("row"), m.group("base"))
-        if body != m.group("body"):
-            changed.append(f"{m.group('table')} {m.group('row')}")
-        return m.group(1) + body + m.group(6)
+        def replace(m: re.Match) -> str:
+            body = render_body(m)
+            if body != m.group("body"):
+                changed.append(label(m))
+            return m.group(1) + body + m.group(pattern.groups)  # the opening line, the body, the closing tag
 
-    def projection(m: re.Match) -> str:
-        body = render_projection(readme.parent, m.group("summary"), m.group("shape"))
-        if body != m.group("body"):
-            changed.append(f"{m.group('summary')} {m.group('shape')}")
-        return m.group(1) + body + m.group(5)
+        text = pattern.sub(replace, text)
 
-    return PROJECTION.sub(projection, HEADLINE.sub(headline, BLOCK.sub(one, text))), changed
+    doc = readme.parent
+    blocks(BLOCK, lambda m: render(doc, m.group("run")), lambda m: m.group("run"))
+    blocks(
+        HEADLINE,
+        lambda m: render_headline(doc, m.group("table"), m.group("row"), m.group("base")),
+        lambda m: f"{m.group('table')} {m.group('row')}",
+    )
+    blocks(
+        PROJECTION,
+        lambda m: render_projection(doc, m.group("summary"), m.group("shape")),
+        lambda m: f"{m.group('summary')} {m.group('shape')}",
+    )
+    return text, changed
 
 
 def main(argv: list[str] | None = None) -> int:
