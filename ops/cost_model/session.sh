@@ -18,10 +18,14 @@
 #   check-cost   `bench cost` of the embedded shape on those same prompts, flags and token limit
 #   tree         the embedded shape's tree3-4-8
 #   capture      (the SGLang hidden-state proof, step embedded, on the real embedded target: ops/sglang_hidden)
-# Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check (the real measurement).
+#   suite        `draftlab bench sglang --eval-set suite`: the best-data2x draft on every set of the evaluation
+#                suite (SUITE_N prompts a set, decontaminated against the draft's training files), chain S = 6
+# Results: $OUT/cost-model (the bench's folder: every shape's rows), $OUT/check.tar.gz (the real measurement),
+# $OUT/suite.tar.gz (the per-set study).
 source "$(dirname "${BASH_SOURCE[0]}")/../gpu/common.sh"   # DL, SITE, OUT/log, PYTHONPATH, say, left, ensure_all
-STEPS=${STEPS:-8b,1b,30b,check-real,check-cost,capture,tree}
+STEPS=${STEPS:-check-real,check-cost,1b,30b,tree,suite,8b,capture}
 CHECK_N=${CHECK_N:-32}
+SUITE_N=${SUITE_N:-32}
 BASE_FLAGS="--attention-backend triton --sampling-backend pytorch --grammar-backend none"
 GRAPHS="--cuda-graph-bs 1 4 16 64"   # decode graphs for the measured batch sizes only (a big shape starts faster)
 RES=$DL/cost-model
@@ -75,6 +79,17 @@ print("check-real:", out)
 PY
 }
 
+suite() {  # the best published draft per set of the evaluation suite (the prompts its training never saw)
+  local train=$DL/suite-train.jsonl  # best-data2x's training files: the reference's answers and the extra ones
+  [ -s "$train" ] || xz -dc results/reference/data/regen/train.jsonl.xz results/recipes/data/extra-regen.jsonl.xz \
+    > "$train" || return 1
+  timeout -s TERM -k 60 $(( $(left) - 20 )) python3 -m draftlab.cli bench sglang --model-path "$MODEL" \
+    --draft "$DRAFT" --eval-set suite --train-data "$train" --samples "$SUITE_N" --max-new-tokens 128 --chain 6 \
+    --main-steps 6 --trees none --concurrency 1 --no-wrong-flag --repeats 1 --warmup 1 --max-running-requests 64 \
+    --server-flags="$BASE_FLAGS --sleep-on-idle" --mem-fraction-static 0.3 --prefix "$DL/sglang" \
+    --out "$DL/suite/sglang/study"
+}
+
 run_step() {
   case $1 in
     8b) cost 8b data/configs/llama-3.1-8b llama-3.1-8b chain6 0.5 "--weights dummy --acceptances 1,4,7 --warmup 1" \
@@ -89,6 +104,7 @@ run_step() {
           "$BASE_FLAGS --sleep-on-idle" ;;
     tree) cost tree data/configs/smollm2-135m smollm2-135m-tree tree3-4-8 0.4 "--acceptances 1,2,4 --warmup 1" \
           "$BASE_FLAGS" ;;
+    suite) suite ;;
     capture) SGLANG_PREFIX=$DL/sglang OUT=$OUT/sglang-hidden STEPS=embedded MODEL=$MODEL \
           timeout -s TERM -k 30 $(( $(left) - 20 )) bash ops/sglang_hidden/run.sh ;;
     *) say "unknown step $1"; return 2 ;;
@@ -108,13 +124,14 @@ publish() {  # what is measured so far into $OUT (after every step: a call kille
   done
   [ -d "$RES/logs" ] && tar -C "$RES" -czf "$OUT/cost-model/logs.tar.gz" logs
   [ -d "$DL/check" ] && tar -C "$DL" --exclude='*.safetensors' -czf "$OUT/check.tar.gz" check
+  [ -d "$DL/suite" ] && tar -C "$DL" --exclude='*.safetensors' -czf "$OUT/suite.tar.gz" suite
   return 0
 }
 
 rc=0
 for step in ${STEPS//,/ }; do
   [ -f "$DONE/$step" ] && { say "$step: done before"; continue; }
-  case $step in check-*|capture)
+  case $step in check-*|capture|suite)
     cargo_ready || { say "$step: waits for the cargo (the target, the wheels, the drafts)"; rc=3; continue; } ;;
   esac
   say "step $step ($(left) s left)"
