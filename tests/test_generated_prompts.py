@@ -102,7 +102,7 @@ def test_generator_end_to_end_with_resume(tmp_path):
     server, url, seen = _stub_server(texts)
     out = tmp_path / "prompts.jsonl"
     cfg = GenConfig(
-        base_url=url, model="stub", n=3, out=str(out), concurrency=1
+        base_urls=[url], model="stub", n=3, out=str(out), concurrency=1
     )  # one in flight: answers in attempt order
     try:
         summary = generate(cfg, tokenizer=ChatML(), progress=False)
@@ -122,7 +122,7 @@ def test_generator_end_to_end_with_resume(tmp_path):
         first_attempts = summary["attempts"]
 
         summary = generate(
-            GenConfig(base_url=url, model="stub", n=4, out=str(out), concurrency=1), ChatML(), progress=False
+            GenConfig(base_urls=[url], model="stub", n=4, out=str(out), concurrency=1), ChatML(), progress=False
         )
         rows = [json.loads(x) for x in out.read_text().splitlines()]
         assert summary["kept"] == 4 and rows[3]["messages"][0]["content"] == texts[7]
@@ -130,7 +130,7 @@ def test_generator_end_to_end_with_resume(tmp_path):
 
         with pytest.raises(RecordError, match="other settings \\(temperature differ"):
             generate(
-                GenConfig(base_url=url, model="stub", n=5, out=str(out), temperature=0.5), ChatML(), progress=False
+                GenConfig(base_urls=[url], model="stub", n=5, out=str(out), temperature=0.5), ChatML(), progress=False
             )
     finally:
         server.shutdown()
@@ -144,7 +144,7 @@ def test_follow_ups_write_second_turns(tmp_path):
     )
     server, url, seen = _stub_server(["Could you now explain how recursion works, step by step?", GOOD])
     try:
-        cfg = GenConfig(base_url=url, model="stub", n=1, out=str(tmp_path / "p.jsonl"), follow_ups=str(conv))
+        cfg = GenConfig(base_urls=[url], model="stub", n=1, out=str(tmp_path / "p.jsonl"), follow_ups=str(conv))
         generate(cfg, tokenizer=ChatML(), eval_texts={}, progress=False)
     finally:
         server.shutdown()
@@ -157,7 +157,7 @@ def test_a_server_that_does_not_sample_is_named(tmp_path):
     server, url, _ = _stub_server([GOOD])
     try:
         with pytest.raises(RunFailure, match="same text: the server decodes greedily"):
-            generate(GenConfig(base_url=url, model="stub", n=2, out=str(tmp_path / "p.jsonl")), ChatML(), {}, False)
+            generate(GenConfig(base_urls=[url], model="stub", n=2, out=str(tmp_path / "p.jsonl")), ChatML(), {}, False)
     finally:
         server.shutdown()
 
@@ -171,18 +171,40 @@ def test_bad_input_is_one_line():
     assert run.returncode == 2 and run.stderr.strip() == "error: --n 0: ask for at least one prompt"
 
 
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--model", "embedded"], "error: prompts generate: give --base-url URL and --model NAME, or --serve TARGET"),
+        (["--serve", "embedded", "--sglang-prefix", "/x"], "error: --sglang-prefix: only with --sglang-servers K"),
+        (["--serve", "no-such-target"], "error: --serve "),
+        (
+            ["--serve", "embedded", "--sglang-servers", "-1"],
+            "error: draftlab prompts generate: argument --sglang-servers: '-1' is not",
+        ),
+    ],
+)
+def test_server_options_are_one_line(tmp_path, args, line):
+    run = subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", "prompts", "generate", "--n", "1", "--out", str(tmp_path / "p.jsonl"),
+         *args], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.startswith(line) and len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.jsonl").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.server
 def test_embedded_target_writes_prompts(tmp_path):
-    """The real embedded target through `transformers serve`: it writes user turns that pass the filter."""
-    from draftlab.core.serve import LocalServer
-    from draftlab.model.target import load_tokenizer, resolve_path
-
-    # continuous batching samples only if the model's generation config says so (the embedded one does not)
-    with LocalServer(resolve_path("embedded"), log_path=tmp_path / "serve.log", continuous_batching=False) as srv:
-        out = str(tmp_path / "p.jsonl")
-        cfg = GenConfig(base_url=srv.base_url, model=srv.model, n=2, out=out, max_tokens=96, concurrency=2)
-        summary = generate(cfg, tokenizer=load_tokenizer("embedded"), progress=False)
-    assert summary["kept"] == 2
-    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert all(screen(r["messages"][0]["content"]) is None for r in rows)
+    """The real embedded target, served for the run (`--serve`: transformers serve, sampling): it writes user
+    turns that pass the filter, and the server is gone afterwards."""
+    out = tmp_path / "p.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", "prompts", "generate", "--serve", "embedded", "--device", "cpu",
+         "--n", "2", "--max-tokens", "96", "--concurrency", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["kept"] == 2
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(screen(r["messages"][0]["content"]) is None for r in rows)
+    assert (tmp_path / "serve.log").is_file()

@@ -5,7 +5,8 @@ offline prompt source besides this was docstrings of installed packages. Followi
 2024), the target is given its chat template up to the start of a user turn (system prompt included)
 as raw text on an OpenAI-compatible `/v1/completions` endpoint, sampled at temperature, and writes a
 user turn; what it writes until its end-of-turn marker is the prompt. The same servers as
-regeneration serve it (`transformers serve` on a CPU, SGLang on a GPU). With `--follow-ups FILE`
+regeneration serve it (`transformers serve` on a CPU, SGLang on a GPU; `--serve TARGET` starts them for the
+run, `--base-url` names running ones, attempts spread over them in turn). With `--follow-ups FILE`
 (conversations already answered, e.g. by `draftlab regenerate`) the prefix is the whole conversation,
 and the target writes the next user turn: multi-turn prompts.
 
@@ -30,14 +31,16 @@ import httpx
 
 from draftlab.core.errors import InputError, RunFailure
 from draftlab.core.files import atomic_write_json
+from draftlab.core.options import number
 from draftlab.core.overlap import EvalIndex
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, append_jsonl, conversation_id, read_jsonl
-from draftlab.core.serve import require_reachable
+from draftlab.core.serve import LocalServer, require_reachable
 from draftlab.core.stop import graceful_stop
 from draftlab.dataset_discovery.eval_sets import all_eval_texts
 from draftlab.dataset_discovery.prompt_filter import FilterConfig, reason_kind, screen
-from draftlab.model.target import load_tokenizer
+from draftlab.model.target import TargetError, load_tokenizer, resolve_device, resolve_path
+from draftlab.sglang.server import TargetServers
 
 SENTINEL = "\u2063draftlab-user-turn\u2063"  # stands for the user turn while the template is rendered
 RETRIES = 3
@@ -51,7 +54,7 @@ SAMPLE_FIELD = {"generation_config": json.dumps({"do_sample": True})}
 class GenConfig:
     """One generation job; every field but the server, the count and the concurrency must match on resume."""
 
-    base_url: str
+    base_urls: list[str]
     model: str
     n: int
     out: str
@@ -133,7 +136,7 @@ async def _complete(client: httpx.AsyncClient, url: str, body: dict, extra: dict
 
 async def _sample(cfg: GenConfig, prompts: list[tuple[int, str]], end: list[str]) -> list[tuple[int, str, str]]:
     """(attempt, text, finish) for each (attempt, prefix), at most cfg.concurrency in flight."""
-    url = cfg.base_url.rstrip("/")
+    urls = [u.rstrip("/") for u in cfg.base_urls]
     sem = asyncio.Semaphore(cfg.concurrency)
     extra = dict(SAMPLE_FIELD) if cfg.temperature > 0 else {}
 
@@ -148,7 +151,7 @@ async def _sample(cfg: GenConfig, prompts: list[tuple[int, str]], end: list[str]
             "stop": end,
         }
         async with sem:
-            text, finish = await _complete(client, url, body, extra)
+            text, finish = await _complete(client, urls[attempt % len(urls)], body, extra)
         return attempt, text, finish
 
     async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
@@ -221,7 +224,7 @@ def _norm_hash(text: str) -> str:
 
 
 def _settings(cfg: GenConfig, prefixes: list[str]) -> dict:
-    keep = {k: v for k, v in asdict(cfg).items() if k not in ("base_url", "n", "out", "concurrency", "timeout_s")}
+    keep = {k: v for k, v in asdict(cfg).items() if k not in ("base_urls", "n", "out", "concurrency", "timeout_s")}
     keep["prefixes_sha256"] = hashlib.sha256("\x00".join(prefixes).encode()).hexdigest()
     return json.loads(json.dumps(keep))
 
@@ -238,7 +241,10 @@ def generate(cfg: GenConfig, tokenizer=None, eval_texts: dict[str, str] | None =
     source = f"generated/{Path(cfg.model).name}"
     if len(job.kept) >= cfg.n:
         return _summary(job)
-    require_reachable(cfg.base_url)
+    if not cfg.base_urls:
+        raise InputError("prompts generate: give --base-url URL (repeatable) or --serve TARGET")
+    for url in cfg.base_urls:
+        require_reachable(url)
     bar = tqdm(total=cfg.n, initial=len(job.kept), desc="prompts", unit="prompt", disable=not progress)
     with graceful_stop(f"rerun the same command to continue {cfg.out}") as stop:
         while len(job.kept) < cfg.n:
@@ -282,8 +288,8 @@ def _check_sampling(cfg: GenConfig, results: list[tuple[int, str, str]]) -> None
     """RunFailure when a whole batch of samples at temperature > 0 is one text: the server is not sampling."""
     if cfg.temperature > 0 and len(results) >= 4 and len({text for _, text, _ in results}) == 1:
         raise RunFailure(
-            f"{cfg.base_url}: {len(results)} samples at temperature {cfg.temperature} are the same text: the server "
-            "decodes greedily (transformers serve --continuous-batching samples only if the model's "
+            f"{', '.join(cfg.base_urls)}: {len(results)} samples at temperature {cfg.temperature} are the same "
+            "text: the server decodes greedily (transformers serve --continuous-batching samples only if the model's "
             "generation_config.json sets do_sample; serve without --continuous-batching, or use SGLang)"
         )
 
@@ -299,8 +305,19 @@ def add_prompts_parser(subparsers) -> None:
     p = subparsers.add_parser("prompts", help="write broad training prompts with the target itself (Magpie)")
     sub = p.add_subparsers(dest="prompts", required=True)
     g = sub.add_parser("generate", help="sample user turns from the target's chat template on /v1/completions")
-    g.add_argument("--base-url", required=True, help="OpenAI-compatible server (transformers serve, SGLang)")
-    g.add_argument("--model", required=True, help="the `model` field of requests (transformers serve: the folder)")
+    g.add_argument("--base-url", action="append", default=[], help="OpenAI-compatible server (repeatable)")
+    g.add_argument(
+        "--serve",
+        default=None,
+        metavar="TARGET",
+        help="start a server of this target spec or folder on loopback for the run: `transformers serve` "
+        "(sampling, no continuous batching), or --sglang-servers K SGLang servers on this GPU",
+    )
+    g.add_argument("--sglang-servers", type=number(int, 0), default=0, metavar="K", help="with --serve")
+    g.add_argument("--sglang-prefix", default=None, help="offline SGLang install (`draftlab sglang install`)")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda (--serve without SGLang)")
+    g.add_argument("--log-dir", default=None, help="where --serve writes its logs (default: beside --out)")
+    g.add_argument("--model", default=None, help="the `model` field of requests (default: the served folder)")
     g.add_argument("--tokenizer", help="where the chat template comes from (default: --model)")
     g.add_argument("--n", type=int, required=True, help="prompts to keep")
     g.add_argument("--out", required=True, help="JSONL of canonical conversations (+ .rejects.jsonl, .state.json)")
@@ -310,13 +327,36 @@ def add_prompts_parser(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     g.add_argument("--follow-ups", default=None, help="answered conversations: write their next user turn")
-    g.add_argument("--concurrency", type=int, default=8)
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight (over all servers)")
     g.add_argument("--max-attempts", type=int, default=20, help="attempts per prompt wanted before giving up")
     g.set_defaults(func=_cmd_generate)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    fields = {k: getattr(args, k) for k in GenConfig.__dataclass_fields__ if k != "filters" and hasattr(args, k)}
-    summary = generate(GenConfig(**fields))
+    fields = {k: getattr(args, k) for k in GenConfig.__dataclass_fields__ if hasattr(args, k)}
+    if not args.serve:
+        if not (args.base_url and args.model):
+            raise InputError("prompts generate: give --base-url URL and --model NAME, or --serve TARGET")
+        summary = generate(GenConfig(base_urls=args.base_url, **fields))
+        print(json.dumps(summary))
+        return 0
+    if args.sglang_servers == 0 and args.sglang_prefix:
+        raise InputError("--sglang-prefix: only with --sglang-servers K")
+    try:
+        folder = resolve_path(args.serve)
+    except TargetError as exc:
+        raise InputError(f"--serve {exc}") from exc
+    log_dir = Path(args.log_dir or Path(args.out).parent)
+    if args.sglang_servers:
+        servers = TargetServers(str(folder), args.sglang_servers, log_dir, prefix=args.sglang_prefix)
+    else:  # transformers serve samples only without continuous batching (the target's generation config)
+        servers = LocalServer(
+            folder, log_path=log_dir / "serve.log", device=resolve_device(args.device), continuous_batching=False
+        )
+    with servers:
+        print(f"servers {servers.urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
+        fields["model"] = args.model or servers.model
+        fields["tokenizer"] = args.tokenizer or str(folder)
+        summary = generate(GenConfig(base_urls=[*servers.urls, *args.base_url], **fields))
     print(json.dumps(summary))
     return 0
