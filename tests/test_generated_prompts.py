@@ -153,6 +153,29 @@ def test_follow_ups_write_second_turns(tmp_path):
     assert "Hello.<|im_end|>\n<|im_start|>user\n" in seen[0]["prompt"]
 
 
+def test_openings_start_the_user_turns_in_turn(tmp_path):
+    server, url, seen = _stub_server(["reverses a list in place without a copy.", "about autumn rain in the city."])
+    cfg = GenConfig(
+        base_urls=[url],
+        model="stub",
+        n=2,
+        out=str(tmp_path / "p.jsonl"),
+        concurrency=1,
+        openings=("Write a Python function that ", "Write a short poem "),
+    )
+    try:
+        generate(cfg, tokenizer=ChatML(), eval_texts={}, progress=False)
+    finally:
+        server.shutdown()
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in rows] == [
+        "Write a Python function that reverses a list in place without a copy.",
+        "Write a short poem about autumn rain in the city.",
+    ]
+    assert [r["meta"]["opening"] for r in rows] == list(cfg.openings)
+    assert [b["prompt"].split("<|im_start|>user\n")[1] for b in seen[:2]] == list(cfg.openings)
+
+
 def test_a_server_that_does_not_sample_is_named(tmp_path):
     server, url, _ = _stub_server([GOOD])
     try:

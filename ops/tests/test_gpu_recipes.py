@@ -43,6 +43,14 @@ if argv[:3] == ["-m", "draftlab.cli", "regenerate"]:  # LIMIT answered rows, or 
             for i in range(int(argv[argv.index("--limit") + 1]))]
     Path(argv[argv.index("--output") + 1]).write_text("".join(json.dumps(r) + "\n" for r in rows))
     sys.exit(0)
+if argv[:3] == ["-m", "studies.recipes", "broad-prompts"]:  # N prompts, as `recipes broad-prompts` writes them
+    log({"argv": argv[3:]})
+    rows = [{"id": f"b{i}", "messages": [{"role": "user", "content": f"q{i}"}], "meta": {"kind": "chat"}}
+            for i in range(int(argv[argv.index("--n") + 1]))]
+    import lzma
+    with lzma.open(argv[argv.index("--out") + 1], "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    sys.exit(0)
 if argv[:1] and argv[0].endswith("tokenize_profile.py"):
     log({"argv": argv})
     print("tokenising: 10 conv/s]\nrows 300 in 1.0 s\n" + "".join(f"line {i}\n" for i in range(50)), end="")
@@ -399,8 +407,65 @@ def test_regen_phase_makes_the_multi_turn_prompts_regenerates_them_and_grows_onl
         "rows": ["data2x", "data2x-mt"],
         "sets": ["multi-turn"],
     }
-    for name, n in regen_sets.DEFAULT_ROWS.items():  # ops' own copy of the study rows' counts
-        assert n == max(count for set_name, count in GROWN_TRAIN_FILES.values() if set_name == name)
+    takes = [part for parts in GROWN_TRAIN_FILES.values() for part in parts]
+    for name, n in regen_sets.DEFAULT_ROWS.items():  # ops' own copy of the study rows' counts (broad: 2% more)
+        most = max(count for set_name, count in takes if set_name == name)
+        assert n == (most + most // 50 if name == "broad" else most)
+
+
+class FakeServers:
+    """sglang.server.TargetServers' stand-in: records what it was asked for; FAIL makes its start fail."""
+
+    asked, fail = [], False
+
+    def __init__(self, model_path, count, log_dir, *, prefix=None, startup_timeout=600.0):
+        FakeServers.asked.append({"model": model_path, "count": count, "prefix": prefix, "timeout": startup_timeout})
+        self.urls, self.startup_s = [f"http://127.0.0.1:{30000 + i}" for i in range(count)], 1.0
+
+    def __enter__(self):
+        if FakeServers.fail:
+            raise RuntimeError("SGLang server on port 30000 exited during startup (log tail: CUDA error)")
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_regen_phase_has_the_target_write_the_broad_prompts_then_answers_them(call, tmp_path, monkeypatch, capsys):
+    """REGEN_SET=broad: the prompts written through SGLang servers of the target (`recipes broad-prompts` over
+    their URLs, the stand-in), answered, sent back; best-broad's file grows once both its sets are here."""
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
+    monkeypatch.setattr(regen_sets, "TargetServers", FakeServers)
+    FakeServers.asked, FakeServers.fail = [], True
+    k = knobs(call, tmp_path, ROWS="best-broad", REGEN_SET="broad")
+    assert k.regen_rows == 22044
+    assert gpu_recipes.run_phase(call, "regen", k) == FAILED
+    assert "FAILED: the servers for the broad prompts: SGLang server on port 30000 exited" in capsys.readouterr().out
+    FakeServers.fail = False
+    assert gpu_recipes.run_phase(call, "regen", k) == DONE
+    data = gpu_recipes.data_dir(call)
+    assert FakeServers.asked[-1]["count"] == regen_sets.BROAD_SERVERS == 2
+    assert FakeServers.asked[-1]["prefix"] == str(call.sglang_prefix)
+    written, answered = logged(tmp_path)[-2]["argv"], logged(tmp_path)[-1]["argv"]
+    assert written[written.index("--n") + 1] == "22044" and written[written.index("--model") + 1] == str(call.model_dir)
+    assert [a for a in written if a.startswith("--base-url=")] == [
+        "--base-url=http://127.0.0.1:30000",
+        "--base-url=http://127.0.0.1:30001",
+    ]
+    assert answered[:2] == [str(data / "broad-prompts.jsonl.xz"), str(data / "broad-work")]
+    assert answered[answered.index("--limit") + 1] == "22044"
+    with lzma.open(call.out / "broad-regen.jsonl.xz") as f:
+        assert f.read() == (data / "broad-regen.jsonl").read_bytes()
+    assert not (data / "train-broad.jsonl").exists()  # its other set (extra) is not here yet
+    extra = [{"id": f"x{i}", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+             for i in range(21612)]  # fmt: skip
+    (data / "extra-regen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in extra))
+    assert gpu_recipes.stage_data(call, k)
+    ids = [json.loads(line)["id"] for line in (data / "train-broad.jsonl").read_text().splitlines()]
+    assert len(ids) == 32 + 21612 + 21612 and ids[32] == "x0" and ids[32 + 21612] == "x0"
+    calls = len(logged(tmp_path))
+    assert gpu_recipes.run_phase(call, "regen", k) == DONE and len(logged(tmp_path)) == calls  # nothing again
 
 
 def test_one_call_runs_several_phases_in_order(call, tmp_path, monkeypatch, capsys):

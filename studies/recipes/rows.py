@@ -88,15 +88,26 @@ ROWS = {
         {"arch": "eagle1", "lr": 1e-3, "train_file": "train-data2x.jsonl"},
         "the EAGLE-1-style draft on best-data2x's data and learning rate: EAGLE-3's lead at the best recipe",
     ),
+    # best-data2x's recipe and data, and as many prompts of five kinds again, written and answered by the target
+    # (broad.KINDS): does the draft gain on chat, math, instructions and summaries without losing the coding sets?
+    "best-broad": (
+        {"fc_norm": "per_layer", "lr": 1e-3, "train_file": "train-broad.jsonl"},
+        "best-data2x plus 21,612 prompts of five kinds (chat, math, code, instructions, summaries) written by the "
+        "target and answered by it, 5 epochs",
+    ),
 }
-# a grown train file -> (the regenerated set it draws from, how many of its conversations join the study's
-# train file). Sets: "extra" (results/recipes/data/extra-regen.jsonl.xz, answers to
-# data/extra-prompts.jsonl.xz) and "multi-turn" (answers to volume.multi_turn_prompts of the extra prompts
-# after the first MULTI_TURN_SKIP, the ones "extra" regenerated)
-GROWN_TRAIN_FILES = {"train-data2x.jsonl": ("extra", 21612), "train-mt.jsonl": ("multi-turn", 10806)}
+# a grown train file -> the regenerated sets it draws from, in order, each with how many of its conversations
+# join the study's train file. Sets: "extra" (results/recipes/data/extra-regen.jsonl.xz, answers to
+# data/extra-prompts.jsonl.xz), "multi-turn" (answers to volume.multi_turn_prompts of the extra prompts
+# after the first MULTI_TURN_SKIP, the ones "extra" regenerated) and "broad" (answers to broad.broad_prompts)
+GROWN_TRAIN_FILES = {
+    "train-data2x.jsonl": (("extra", 21612),),
+    "train-mt.jsonl": (("multi-turn", 10806),),
+    "train-broad.jsonl": (("extra", 21612), ("broad", 21612)),
+}
 MULTI_TURN_SKIP = 21612
-# the data-volume rows (those that train on a grown file) -> (their set, their extra conversations): one per
-# file, since the rows that share a file share the one grow_rows writes
+# the data-volume rows (those that train on a grown file) -> ((set, conversations), ...): one file per row
+# design, since the rows that share a file share the one grow_rows writes
 EXTRA_ROWS = {
     row: GROWN_TRAIN_FILES[o["train_file"]] for row, (o, _) in ROWS.items() if o.get("train_file") in GROWN_TRAIN_FILES
 }

@@ -44,18 +44,19 @@ from studies.recipes.volume import grow_train
 
 def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> dict[str, dict]:
     """The data-volume rows' own train files (EXTRA_ROWS) not written yet: the study's train file followed
-    by the row's share of its regenerated set ({set: file}). Returns {row: counts} of those written now, and
-    {row: {"skipped": why}} for a row whose set is not given (not regenerated yet: a later call grows it)."""
+    by the row's share of each of its regenerated sets ({set: file}). Returns {row: counts} of those written now,
+    and {row: {"skipped": why}} for a row with a set not given (not regenerated yet: a later call grows it)."""
     written = {}
     for row in (r for r in rows if r in EXTRA_ROWS):
         own = Path(row_train_file(row, train_file))
         if own.is_file():
             continue
-        name, n = EXTRA_ROWS[row]
-        if name not in regenerated:
-            written[row] = {"skipped": f"its regenerated set {name!r} is not given"}
+        missing = [name for name, _ in EXTRA_ROWS[row] if name not in regenerated]
+        if missing:
+            written[row] = {"skipped": f"its regenerated set {missing[0]!r} is not given"}
             continue
-        written[row] = grow_train(Path(train_file), Path(regenerated[name]), n, own)
+        parts = [(Path(regenerated[name]), n) for name, n in EXTRA_ROWS[row]]
+        written[row] = grow_train(Path(train_file), parts, own)
     return written
 
 
@@ -164,7 +165,7 @@ def train_rows(
         if not Path(cfgs[r].train_file).is_file():
             raise InputError(
                 f"recipe row {r}: its train file {cfgs[r].train_file} is missing"
-                + (" (grown by `recipes grow` from the regenerated extra prompts)" if r in EXTRA_ROWS else "")
+                + (" (grown by `recipes grow` from its regenerated sets)" if r in EXTRA_ROWS else "")
             )  # before any row starts
     with graceful_stop("run the same `python -m studies.recipes train` again to resume the cut rows") as stop:
         if todo:

@@ -360,7 +360,7 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     assert recipes.row_config("base", train, "v.jsonl", tmp_path / "study", "tiny", {}).train_file == train
     with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
-    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", ("extra", 2))
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", (("extra", 2),))
     skipped = recipes.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
     assert skipped == {"data2x": {"skipped": "its regenerated set 'extra' is not given"}}
     assert not (data / "train-data2x.jsonl").exists()
@@ -370,7 +370,7 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
     assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
     assert recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)}) == {}  # written once
-    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", ("extra", 4))
+    monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", (("extra", 4),))
     (data / "train-data2x.jsonl").unlink()
     with pytest.raises(Exception, match="extra-regen.jsonl: 3 answered conversations, fewer than the 4"):
         recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)})
@@ -668,3 +668,9 @@ def test_the_best_recipe_on_twice_the_data_grows_its_own_train_file():
     assert cfg["fc_norm"] == "per_layer" and cfg["lr"] == 1e-3 and cfg["epochs"] == recipe_rows.BASE["epochs"]
     assert recipe_rows.row_train_file("best-data2x", "/s/data/train.jsonl") == "/s/data/train-data2x.jsonl"
     assert recipe_rows.EXTRA_ROWS["best-data2x"] == recipe_rows.EXTRA_ROWS["data2x"]
+
+
+def test_the_broad_row_is_the_best_recipe_on_its_data_and_the_broad_prompts():
+    broad, best = recipe_rows.recipe("best-broad"), recipe_rows.recipe("best-data2x")
+    assert {k: v for k, v in broad.items() if k != "train_file"} == {k: v for k, v in best.items() if k != "train_file"}
+    assert recipe_rows.EXTRA_ROWS["best-broad"] == (*recipe_rows.EXTRA_ROWS["best-data2x"], ("broad", 21612))

@@ -8,7 +8,9 @@ user turn; what it writes until its end-of-turn marker is the prompt. The same s
 regeneration serve it (`transformers serve` on a CPU, SGLang on a GPU; `--serve TARGET` starts them for the
 run, `--base-url` names running ones, attempts spread over them in turn). With `--follow-ups FILE`
 (conversations already answered, e.g. by `draftlab regenerate`) the prefix is the whole conversation,
-and the target writes the next user turn: multi-turn prompts.
+and the target writes the next user turn: multi-turn prompts. With `--opening TEXT` (repeatable) a user turn
+starts with that text and the target continues it: a small target follows an opening ("Write a Python
+function that ") where it only paraphrases a system prompt that describes the user.
 
 Each turn is screened (prompt_filter: length, language, refusals, repeated n-grams, assistant
 leakage), deduplicated (exact and MinHash near-duplicates), and decontaminated against every
@@ -64,6 +66,9 @@ class GenConfig:
     max_tokens: int = 256
     seed: int = 0
     system: str | None = None  # a system prompt; None: the template's own default, if any
+    # texts a user turn starts with, one per attempt in turn, kept as the turn's start: a small target follows an
+    # opening ("Write a Python function that ") far better than a system prompt that describes the user
+    openings: tuple[str, ...] = ()
     follow_ups: str | None = None  # answered conversations whose next user turn is written
     concurrency: int = 8
     max_attempts: int = 20  # per prompt wanted: a run that keeps too few stops instead of spinning
@@ -219,6 +224,12 @@ class Job:
         atomic_write_json(self.state_path, state, indent=1)
 
 
+def opening(cfg: GenConfig, attempt: int, histories: int) -> str:
+    """The text attempt `attempt` starts its user turn with: the openings in turn, one per pass over the
+    histories (every history meets every opening); "" without openings."""
+    return cfg.openings[(attempt // histories) % len(cfg.openings)] if cfg.openings else ""
+
+
 def _norm_hash(text: str) -> str:
     return hashlib.blake2b(" ".join(text.lower().split()).encode("utf-8"), digest_size=12).hexdigest()
 
@@ -252,9 +263,11 @@ def generate(cfg: GenConfig, tokenizer=None, eval_texts: dict[str, str] | None =
                 top = ", ".join(f"{k} {v}" for k, v in Counter(map(reason_kind, job.reasons.elements())).most_common(3))
                 raise RunFailure(f"{cfg.out}: {len(job.kept)} of {cfg.n} prompts kept after {job.attempts} attempts "
                                  f"(most refused: {top}); raise --max-attempts or relax the sampling")  # fmt: skip
-            todo = [(a, parts[a % len(parts)][0]) for a in range(job.attempts, job.attempts + 2 * cfg.concurrency)]
-            results = asyncio.run(_sample(cfg, todo, sorted({e for _, e in parts})))
-            _check_sampling(cfg, results)
+            todo = [(a, parts[a % len(parts)][0] + opening(cfg, a, len(parts)))
+                    for a in range(job.attempts, job.attempts + 2 * cfg.concurrency)]  # fmt: skip
+            written = asyncio.run(_sample(cfg, todo, sorted({e for _, e in parts})))
+            _check_sampling(cfg, written)
+            results = [(a, opening(cfg, a, len(parts)) + text, finish) for a, text, finish in written]
             kept, rejects = [], []
             for attempt, text, finish in sorted(results):
                 hist, (_, end) = history[attempt % len(history)], parts[attempt % len(parts)]
@@ -264,6 +277,8 @@ def generate(cfg: GenConfig, tokenizer=None, eval_texts: dict[str, str] | None =
                     messages = hist + [{"role": "user", "content": turn}]
                     meta = {"attempt": attempt, "generator": cfg.model, "temperature": cfg.temperature,
                             "top_p": cfg.top_p, "turn": len(hist) // 2 + 1, "finish_reason": finish}  # fmt: skip
+                    if cfg.openings:
+                        meta["opening"] = opening(cfg, attempt, len(parts))
                     row = {
                         "id": conversation_id(messages, source),
                         "source": source,
@@ -326,6 +341,14 @@ def add_prompts_parser(subparsers) -> None:
     g.add_argument("--max-tokens", type=int, default=256, help="longest user turn, in tokens")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    g.add_argument(
+        "--opening",
+        dest="openings",
+        action="append",
+        default=[],
+        help="text a user turn starts with, kept in it (repeatable: one per attempt in turn), e.g. "
+        "--opening 'Write a Python function that '",
+    )
     g.add_argument("--follow-ups", default=None, help="answered conversations: write their next user turn")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight (over all servers)")
     g.add_argument("--max-attempts", type=int, default=20, help="attempts per prompt wanted before giving up")
@@ -334,6 +357,7 @@ def add_prompts_parser(subparsers) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     fields = {k: getattr(args, k) for k in GenConfig.__dataclass_fields__ if hasattr(args, k)}
+    fields["openings"] = tuple(args.openings)
     if not args.serve:
         if not (args.base_url and args.model):
             raise InputError("prompts generate: give --base-url URL and --model NAME, or --serve TARGET")

@@ -1,0 +1,120 @@
+"""The recipe study's broad set: each kind's share, its openings reaching the prompt writer, the kinds in turn
+in the written set (a text two kinds wrote kept once), resume, and the study command's bad input."""
+
+import json
+import lzma
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from draftlab.dataset_discovery.generated_prompts import generate
+from draftlab.dataset_discovery.prompt_filter import FilterConfig, screen
+from studies.recipes import broad
+from studies.recipes.broad import KINDS, broad_prompts, kind_counts
+
+
+class ChatML:
+    """A tokenizer stand-in with SmolLM2's ChatML template (its default system prompt included)."""
+
+    eos_token = "<|im_end|>"
+    all_special_tokens = ["<|im_start|>", "<|im_end|>"]
+
+    def apply_chat_template(self, messages, tokenize=False):
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": "You are a helpful AI assistant."}] + messages
+        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+SHARED = "how tides work along a long rocky coast, please explain it to me?"
+MATH_SECOND = KINDS["math"][0][1]  # the opening of math's second attempt
+
+
+def stub_writer():
+    """A loopback /v1/completions that continues a user turn with a distinct text naming the kind its opening
+    belongs to, except that chat's second turn and math's second one come out the same."""
+    seen, count = [], {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            turn = body["prompt"].split("<|im_start|>user\n")[-1]
+            kind = next((k for k, (openings, _, _) in KINDS.items() if turn in openings), "chat")
+            count[kind] = count.get(kind, 0) + 1
+            if kind == "chat":  # its second turn is the one math's second attempt writes after its opening
+                text = f"Help me understand chat question number {count[kind]} about my small garden project."
+                text = MATH_SECOND + SHARED if count[kind] == 2 else text
+            elif kind == "math" and count[kind] == 2:
+                text = SHARED
+            else:
+                text = f"this {kind} question number {count[kind]} about my small garden project, please help."
+            out = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}", seen
+
+
+@pytest.mark.parametrize("n", [5, 7, 100, 22044])
+def test_kind_counts_follow_the_shares_and_sum_to_n(n):
+    counts = kind_counts(n)
+    assert sum(counts.values()) == n and set(counts) == set(KINDS)
+    assert all(abs(counts[k] - n * share) < 1 for k, (_, share, _) in KINDS.items())
+
+
+def test_broad_prompts_write_every_kind_in_turn(tmp_path, monkeypatch):
+    monkeypatch.setattr(broad, "generate", _generate_with(ChatML()))
+    server, url, seen = stub_writer()
+    try:
+        result = broad_prompts([url], "stub", 20, tmp_path / "work", tmp_path / "broad.jsonl.xz", concurrency=1)
+    finally:
+        server.shutdown()
+    assert {k: v["kept"] for k, v in result["kinds"].items()} == kind_counts(20)
+    rows = [json.loads(line) for line in lzma.open(tmp_path / "broad.jsonl.xz", "rt")]
+    kinds = [r["meta"]["kind"] for r in rows]
+    assert kinds[:5] == list(KINDS)  # one of each kind in turn
+    assert result["written"] == len(rows) == 19  # the text chat and math both wrote: chat's copy alone
+    assert sum(r["messages"][0]["content"] == MATH_SECOND + SHARED for r in rows) == 1
+    assert all(r["messages"][0]["role"] == "user" and len(r["messages"]) == 1 for r in rows)
+    for kind, (openings, _, max_tokens) in KINDS.items():
+        asked = [b for b in seen if b["prompt"].split("<|im_start|>user\n")[-1] in (openings or ("",))]
+        assert asked and all(b["max_tokens"] == max_tokens for b in asked)
+        mine = [r["messages"][0]["content"] for r in rows if r["meta"]["kind"] == kind]
+        assert all(any(t.startswith(o) for o in openings) for t in mine) if openings else mine
+    again = broad_prompts([url], "stub", 20, tmp_path / "work", tmp_path / "broad2.jsonl.xz", concurrency=1)
+    assert again["written"] == result["written"]  # resumed from the work folder: nothing asked again
+    assert (tmp_path / "broad2.jsonl.xz").read_bytes() == (tmp_path / "broad.jsonl.xz").read_bytes()
+
+
+def _generate_with(tokenizer):
+    """generate with a stand-in tokenizer and no evaluation sets (the stub's texts are not contaminated)."""
+    return lambda cfg, progress=True: generate(cfg, tokenizer=tokenizer, eval_texts={}, progress=False)
+
+
+def test_too_few_prompts_is_one_line(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "studies.recipes", "broad-prompts", "--base-url", "http://127.0.0.1:9", "--model", "m",
+         "--n", "3", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o.jsonl.xz")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.strip() == "error: --n 3: at least 5 (one prompt a kind)"
+    assert not (tmp_path / "w").exists()
+
+
+def test_no_opening_is_refused_by_the_filter_whatever_follows():
+    """An opening the filter refuses (e.g. "Here is ...": opens like an answer) would waste every attempt."""
+    rest = "the numbers in my notes from class today, as clearly as you can please."
+    for kind, (openings, _, _) in KINDS.items():
+        for opening in openings:
+            assert screen(opening + rest, FilterConfig(), markers=("<|im_end|>",)) is None, (kind, opening)
