@@ -9,6 +9,8 @@ measured through `python -m studies.recipes` (studies.recipes.study) as child pr
              the speed check on SPEED_SAMPLES rows
     measure  SGLang from the bundle, then `python -m studies.recipes measure` of `base` (the published draft) and
              every row of ROWS on the held-out split and HumanEval; the report
+    suite    SGLang from the bundle, then every draft of PUBLISHED and ROWS on each set of the evaluation suite
+             (ops.gpu_recipes_suite; SUITE_SAMPLES prompts a set): STUDY/suite/summary.json
 PHASE may name several, run in order within one call ("regen train").
 Knobs (defaults as recipes.sh had them): ROWS (epochs10,fcnorm,vocab32k,eagle1), PARALLEL (4),
 SPEED_STEPS (30), SPEED_SAMPLES (0: all), SPEED_VARIANTS ("eager compiled"; also keep_head, offline; none: no check),
@@ -24,7 +26,7 @@ PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, 
 at most MAX_DRAFTS_SENT, since a call returns at most 8 files and a draft is 2 of them),
 CHAIN_ROWS (the rows that get the CHAIN servers; default all), REGEN_SET (extra; multi-turn: the regenerated set
 of gpu_recipes_regen), REGEN_ROWS (the most a grown train file takes from it: 21612, 10806), REGEN_SERVERS (2),
-REGEN_CONCURRENCY (512 a server: its CUDA graphs), PREFIX and the deadline: gpu_call's.
+REGEN_CONCURRENCY (512 a server: its CUDA graphs), SUITE_SAMPLES (64), PREFIX and the deadline: gpu_call's.
 The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
 or TensorBoard logs) and each SEND_DRAFTS row's draft as OUT/draft-<row>.tar.part-N (here: cat them |
 tar -xf - gives <row>/draft/); the speed check OUT/speed.json.
@@ -45,6 +47,7 @@ from pathlib import Path
 from draftlab.core.files import atomic_write_json
 from ops import gpu_call, gpu_pack, gpu_sglang
 from ops import gpu_recipes_regen as regen_sets
+from ops import gpu_recipes_suite as suite_phase
 from ops.gpu_call import CUT, Call, until, unxz, written
 
 DONE, AGAIN, FAILED = 0, 3, 1
@@ -95,6 +98,7 @@ class Knobs:
     regen_rows: int  # REGEN_ROWS
     regen_servers: int  # REGEN_SERVERS
     regen_concurrency: int  # REGEN_CONCURRENCY
+    suite_samples: int  # SUITE_SAMPLES
 
     @classmethod
     def from_env(cls, call: Call, env=None) -> "Knobs":
@@ -126,6 +130,7 @@ class Knobs:
             regen_rows=int(get("REGEN_ROWS", regen_sets.DEFAULT_ROWS.get(get("REGEN_SET", "extra"), 0))),
             regen_servers=int(get("REGEN_SERVERS", 2)),
             regen_concurrency=int(get("REGEN_CONCURRENCY", 512)),
+            suite_samples=int(get("SUITE_SAMPLES", 64)),
             published=[r for r in env.get("PUBLISHED", "").split(",") if r],
             carried_drafts=call.repo / ".device/drafts",
             concurrency=get("CONCURRENCY", "16,1"),
@@ -418,6 +423,14 @@ def measure(call: Call, knobs: Knobs) -> int:
     return with_sglang(call, knobs, measure_rows)
 
 
+def suite(call: Call, knobs: Knobs) -> int:
+    def step(c: Call, k: Knobs) -> int:
+        rows = [*k.published, *k.rows]
+        return suite_phase.suite_rows(c, rows, study_dir(c), data_dir(c), k.suite_samples, k.server_flags)
+
+    return with_sglang(call, knobs, step)
+
+
 def with_sglang(call: Call, knobs: Knobs, step) -> int:
     """Set-up, the study's data and SGLang installed, then `step`; the study packed whatever it returns."""
     if not (ready(call, knobs) and gpu_sglang.install_sglang(call)):
@@ -433,7 +446,8 @@ def run_phase(call: Call, phase: str, knobs: Knobs | None = None) -> int:
     knobs = knobs or Knobs.from_env(call)
     data_dir(call).mkdir(parents=True, exist_ok=True)
     call.out.mkdir(parents=True, exist_ok=True)
-    phases = {"stash": lambda c, k: DONE, "speed": speed, "train": train, "regen": regen, "measure": measure}
+    phases = {"stash": lambda c, k: DONE, "speed": speed, "train": train, "regen": regen, "measure": measure,
+              "suite": suite}  # fmt: skip
     unknown = [p for p in phase.split() if p not in phases]
     if unknown or not phase.split():
         call.say(f"unknown PHASE {phase}: expected one or more of {', '.join(phases)}")

@@ -51,6 +51,17 @@ if argv[:3] == ["-m", "studies.recipes", "broad-prompts"]:  # N prompts, as `rec
     with lzma.open(argv[argv.index("--out") + 1], "wt") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     sys.exit(0)
+if argv[:4] == ["-m", "draftlab.cli", "bench", "sglang"]:  # a suite study: each server's per-set table
+    log({"argv": argv[4:]})
+    if os.environ.get("FAKE_SUITE_CUT"):
+        time.sleep(120)
+    out = Path(argv[argv.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    draft = Path(argv[argv.index("--draft") + 1]).parent.name
+    sets = {"humaneval": {"kind": "code", "n": 4, "acceptance": 3.0 if draft == "best-broad" else 2.0}}
+    (out / "eval_suite.json").write_text(json.dumps({"baseline": {"sets": sets, "mean_general": None},
+                                                      "chain6": {"sets": sets, "mean_general": 2.5}}))
+    sys.exit(0)
 if argv[:1] and argv[0].endswith("tokenize_profile.py"):
     log({"argv": argv})
     print("tokenising: 10 conv/s]\nrows 300 in 1.0 s\n" + "".join(f"line {i}\n" for i in range(50)), end="")
@@ -411,6 +422,48 @@ def test_regen_phase_makes_the_multi_turn_prompts_regenerates_them_and_grows_onl
     for name, n in regen_sets.DEFAULT_ROWS.items():  # ops' own copy of the study rows' counts (broad: 2% more)
         most = max(count for set_name, count in takes if set_name == name)
         assert n == (most + most // 50 if name == "broad" else most)
+
+
+def test_suite_phase_measures_every_draft_on_the_same_prompts_and_writes_the_summary(
+    call, tmp_path, monkeypatch, capsys
+):
+    staged_small(call, tmp_path)
+    monkeypatch.setattr(gpu_recipes.gpu_sglang, "install_sglang", lambda c: True)
+    flags = "--sleep-on-idle"
+    k = knobs(call, tmp_path, PUBLISHED="best-data2x", ROWS="best-broad", SUITE_SAMPLES=8, SERVER_FLAGS=flags)
+    k.carried_drafts = tmp_path / "carried"
+    shutil.copytree(k.base_draft, k.carried_drafts / "best-data2x")
+    assert gpu_recipes.run_phase(call, "suite", k) == FAILED  # best-broad is not trained here
+    assert "FAILED: suite: no draft here for best-broad" in capsys.readouterr().out
+    study, data = gpu_recipes.study_dir(call), gpu_recipes.data_dir(call)
+    shutil.copytree(k.base_draft, study / "best-broad" / "draft")
+    (data / "train-broad.jsonl").write_text((data / "train.jsonl").read_text())
+    monkeypatch.setenv("FAKE_SUITE_CUT", "1")
+    call.deadline = int(time.time()) + 33
+    assert gpu_recipes.run_phase(call, "suite", k) == AGAIN  # cut: the next call resumes the row's study
+    monkeypatch.delenv("FAKE_SUITE_CUT")
+    call.deadline = int(time.time()) + 600
+    assert gpu_recipes.run_phase(call, "suite", k) == DONE
+    runs = [r["argv"] for r in logged(tmp_path)[-2:]]
+    drafts = [str(study / row / "draft") for row in ("best-data2x", "best-broad")]
+    assert [r[r.index("--draft") + 1] for r in runs] == drafts
+    for argv in runs:  # the same prompts for both: every training file here
+        assert [a for a in argv if a.startswith("--train-data=")] == [
+            f"--train-data={data / 'train-broad.jsonl'}",
+            f"--train-data={data / 'train.jsonl'}",
+        ]
+        for flag, value in (("--eval-set", "suite"), ("--samples", "8"), ("--chain", "6"), ("--concurrency", "1")):
+            assert argv[argv.index(flag) + 1] == value
+        assert "--server-flags=--sleep-on-idle" in argv
+    summary = json.loads((study / "suite" / "summary.json").read_text())
+    assert summary["decontaminated_against"] == ["train-broad.jsonl", "train.jsonl"]
+    assert {row: d["sets"]["humaneval"]["acceptance"] for row, d in summary["drafts"].items()} == {
+        "best-data2x": 2.0,
+        "best-broad": 3.0,
+    }
+    assert summary["drafts"]["best-broad"]["server"] == "chain6" and "gpu" in summary and "sglang_version" in summary
+    with tarfile.open(call.out / "recipes.tar.gz") as tar:
+        assert "recipes/suite/summary.json" in tar.getnames()
 
 
 class FakeServers:
