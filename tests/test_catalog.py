@@ -167,3 +167,15 @@ def test_discover_cli_offline(capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "catalog snapshot" in out.splitlines()[0] and "nebius/SWE-agent-trajectories" in out
+
+
+def test_discover_is_a_draftlab_command():
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", "discover", "--offline", "--domain", "code"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "catalog snapshot" in run.stdout.splitlines()[0] and "nvidia/OpenCodeInstruct" in run.stdout

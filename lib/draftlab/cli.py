@@ -32,6 +32,11 @@ COMMANDS = {
         "add_blend_parser",
         "blend prompt sources from a YAML spec into train/val/test files",
     ),
+    "discover": (
+        "draftlab.dataset_discovery.cli",
+        "add_discover_parser",
+        "rank candidate datasets (live Hub search when reachable)",
+    ),
     "prompts": (
         "draftlab.dataset_discovery.generated_prompts",
         "add_prompts_parser",
