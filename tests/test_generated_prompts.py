@@ -154,14 +154,14 @@ def test_follow_ups_write_second_turns(tmp_path):
 
 
 def test_openings_start_the_user_turns_in_turn(tmp_path):
-    server, url, seen = _stub_server(["reverses a list in place without a copy.", "about autumn rain in the city."])
+    server, url, seen = _stub_server([" reverses a list in place without a copy.", " about autumn rain in the city."])
     cfg = GenConfig(
         base_urls=[url],
         model="stub",
         n=2,
         out=str(tmp_path / "p.jsonl"),
         concurrency=1,
-        openings=("Write a Python function that ", "Write a short poem "),
+        openings=("Write a Python function that", "Write a short poem"),
     )
     try:
         generate(cfg, tokenizer=ChatML(), eval_texts={}, progress=False)

@@ -3,7 +3,7 @@ draft sees the target's answers on the kinds of traffic it will serve, not only 
 questions.
 
 Each kind starts its user turns with openings the target continues (a kept row holds the whole user turn;
-a 135M target follows an opening such as "Write a Python function that " where it only paraphrases a system
+a 135M target follows an opening such as "Write a Python function that" where it only paraphrases a system
 prompt that describes the user) and takes a share of the set; chat is plain Magpie (no opening).
 `draftlab prompts generate` screens, deduplicates and decontaminates every kind against the evaluation suite.
 The kinds follow the suite's general sets: chat, math word problems, code, writing tasks with constraints,
@@ -22,39 +22,39 @@ from draftlab.core.files import atomic_path
 from draftlab.core.records import jsonl_line, read_jsonl
 from draftlab.dataset_discovery.generated_prompts import GenConfig, generate
 
-# kind -> (the openings its user turns start with, in turn; share of the set; longest user turn in tokens: a
-# passage to summarise needs more)
+# kind -> (the openings its user turns start with, in turn, each without a trailing space: the target writes the
+# next word's space itself; share of the set; longest user turn in tokens: a passage to summarise needs more)
 KINDS = {
     "chat": ((), 0.30, 256),
     "math": (
         (
-            "I have a math word problem. ",
-            "My homework has this word problem: ",
-            "Can you help me solve this problem step by step? ",
-            "A question about prices and change: ",
-            "How many ",
+            "I have a math word problem.",
+            "My homework has this word problem:",
+            "Can you help me solve this problem step by step?",
+            "A question about prices and change:",
+            "How many",
         ),
         0.20,
         256,
     ),
     "code": (
         (
-            "Write a Python function that ",
-            "How do I ",
+            "Write a Python function that",
+            "How do I",
             "Can you explain what this Python code does?\n\n",
-            "I get an error when I run my Python script: ",
-            "What is the difference between ",
+            "I get an error when I run my Python script:",
+            "What is the difference between",
         ),
         0.15,
         256,
     ),
     "instructions": (
         (
-            "Write a short ",
-            "Write a poem about ",
-            "Give me a list of ",
-            "Write an email to ",
-            "In exactly three sentences, ",
+            "Write a short",
+            "Write a poem about",
+            "Give me a list of",
+            "Write an email to",
+            "In exactly three sentences,",
         ),
         0.20,
         256,

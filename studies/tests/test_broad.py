@@ -28,7 +28,7 @@ class ChatML:
         return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
-SHARED = "how tides work along a long rocky coast, please explain it to me?"
+SHARED = " how tides work along a long rocky coast, please explain it to me?"
 MATH_SECOND = KINDS["math"][0][1]  # the opening of math's second attempt
 
 
@@ -53,7 +53,7 @@ def stub_writer():
             elif kind == "math" and count[kind] == 2:
                 text = SHARED
             else:
-                text = f"this {kind} question number {count[kind]} about my small garden project, please help."
+                text = f" this {kind} question number {count[kind]} about my small garden project, please help."
             out = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

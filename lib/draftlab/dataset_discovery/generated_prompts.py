@@ -10,7 +10,7 @@ run, `--base-url` names running ones, attempts spread over them in turn). With `
 (conversations already answered, e.g. by `draftlab regenerate`) the prefix is the whole conversation,
 and the target writes the next user turn: multi-turn prompts. With `--opening TEXT` (repeatable) a user turn
 starts with that text and the target continues it: a small target follows an opening ("Write a Python
-function that ") where it only paraphrases a system prompt that describes the user.
+function that") where it only paraphrases a system prompt that describes the user.
 
 Each turn is screened (prompt_filter: length, language, refusals, repeated n-grams, assistant
 leakage), deduplicated (exact and MinHash near-duplicates), and decontaminated against every
@@ -67,7 +67,7 @@ class GenConfig:
     seed: int = 0
     system: str | None = None  # a system prompt; None: the template's own default, if any
     # texts a user turn starts with, one per attempt in turn, kept as the turn's start: a small target follows an
-    # opening ("Write a Python function that ") far better than a system prompt that describes the user
+    # opening ("Write a Python function that") far better than a system prompt that describes the user
     openings: tuple[str, ...] = ()
     follow_ups: str | None = None  # answered conversations whose next user turn is written
     concurrency: int = 8
@@ -347,7 +347,7 @@ def add_prompts_parser(subparsers) -> None:
         action="append",
         default=[],
         help="text a user turn starts with, kept in it (repeatable: one per attempt in turn), e.g. "
-        "--opening 'Write a Python function that '",
+        "--opening 'Write a Python function that' (no trailing space: the target writes the next word's own)",
     )
     g.add_argument("--follow-ups", default=None, help="answered conversations: write their next user turn")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight (over all servers)")
