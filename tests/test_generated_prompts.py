@@ -62,9 +62,10 @@ def test_template_prefix_stops_where_the_user_text_starts():
     assert prefix2.endswith("<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n")
 
 
-def _stub_server(texts):
-    """A loopback /v1/completions that answers the canned texts in turn (finish 'stop'; 'length' if marked)."""
-    answers, seen = itertools.cycle(texts), []
+def stub_completions(answer):
+    """A loopback /v1/completions that answers each request body with answer(body) (finish 'stop'; 'length'
+    for a text marked LENGTH:); returns (server, its URL, the bodies seen)."""
+    seen = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -73,7 +74,7 @@ def _stub_server(texts):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(body)
-            text = next(answers)
+            text = answer(body)
             finish = "length" if text.startswith("LENGTH:") else "stop"
             out = json.dumps({"choices": [{"text": text.removeprefix("LENGTH:"), "finish_reason": finish}]}).encode()
             self.send_response(200)
@@ -85,6 +86,12 @@ def _stub_server(texts):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_port}", seen
+
+
+def _stub_server(texts):
+    """stub_completions answering the canned texts in turn."""
+    answers = itertools.cycle(texts)
+    return stub_completions(lambda body: next(answers))
 
 
 def test_generator_end_to_end_with_resume(tmp_path):

@@ -5,8 +5,6 @@ import json
 import lzma
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -14,19 +12,7 @@ from draftlab.dataset_discovery.generated_prompts import generate
 from draftlab.dataset_discovery.prompt_filter import FilterConfig, screen
 from studies.recipes import broad
 from studies.recipes.broad import KINDS, broad_prompts, kind_counts
-
-
-class ChatML:
-    """A tokenizer stand-in with SmolLM2's ChatML template (its default system prompt included)."""
-
-    eos_token = "<|im_end|>"
-    all_special_tokens = ["<|im_start|>", "<|im_end|>"]
-
-    def apply_chat_template(self, messages, tokenize=False):
-        if messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": "You are a helpful AI assistant."}] + messages
-        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
+from tests.test_generated_prompts import ChatML, stub_completions
 
 SHARED = " how tides work along a long rocky coast, please explain it to me?"
 MATH_SECOND = KINDS["math"][0][1]  # the opening of math's second attempt
@@ -35,35 +21,20 @@ MATH_SECOND = KINDS["math"][0][1]  # the opening of math's second attempt
 def stub_writer():
     """A loopback /v1/completions that continues a user turn with a distinct text naming the kind its opening
     belongs to, except that chat's second turn and math's second one come out the same."""
-    seen, count = [], {}
+    count = {}
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def answer(body):
+        turn = body["prompt"].split("<|im_start|>user\n")[-1]
+        kind = next((k for k, (openings, _, _) in KINDS.items() if turn in openings), "chat")
+        count[kind] = count.get(kind, 0) + 1
+        if kind == "chat":  # its second turn is the one math's second attempt writes after its opening
+            text = f"Help me understand chat question number {count[kind]} about my small garden project."
+            return MATH_SECOND + SHARED if count[kind] == 2 else text
+        if kind == "math" and count[kind] == 2:
+            return SHARED
+        return f" this {kind} question number {count[kind]} about my small garden project, please help."
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            turn = body["prompt"].split("<|im_start|>user\n")[-1]
-            kind = next((k for k, (openings, _, _) in KINDS.items() if turn in openings), "chat")
-            count[kind] = count.get(kind, 0) + 1
-            if kind == "chat":  # its second turn is the one math's second attempt writes after its opening
-                text = f"Help me understand chat question number {count[kind]} about my small garden project."
-                text = MATH_SECOND + SHARED if count[kind] == 2 else text
-            elif kind == "math" and count[kind] == 2:
-                text = SHARED
-            else:
-                text = f" this {kind} question number {count[kind]} about my small garden project, please help."
-            out = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_port}", seen
+    return stub_completions(answer)
 
 
 @pytest.mark.parametrize("n", [5, 7, 100, 22044])
