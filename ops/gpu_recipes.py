@@ -24,8 +24,8 @@ SERVER_FLAGS (more SGLang flags for every measured server, e.g. --sleep-on-idle)
 PUBLISHED (rows of PUBLISHED_RUNS measured from their carried published drafts, not trained), SEND_DRAFTS
 (rows whose trained drafts come back, comma-separated, or none; unset: a train call sends the rows it finished,
 at most MAX_DRAFTS_SENT, since a call returns at most 8 files and a draft is 2 of them),
-CHAIN_ROWS (the rows that get the CHAIN servers; default all), REGEN_SET (extra; multi-turn: the regenerated set
-of gpu_recipes_regen), REGEN_ROWS (the most a grown train file takes from it: 21612, 10806), REGEN_SERVERS (2),
+CHAIN_ROWS (the rows that get the CHAIN servers; default all), REGEN_SET (extra; multi-turn or broad: the regenerated
+set of gpu_recipes_regen), REGEN_ROWS (its prompts answered: gpu_recipes_regen.DEFAULT_ROWS), REGEN_SERVERS (2),
 REGEN_CONCURRENCY (512 a server: its CUDA graphs), SUITE_SAMPLES (64), PREFIX and the deadline: gpu_call's.
 The study lives in DL/recipes. Every call sends back OUT/recipes.tar.gz (no weights, data, token caches
 or TensorBoard logs) and each SEND_DRAFTS row's draft as OUT/draft-<row>.tar.part-N (here: cat them |
