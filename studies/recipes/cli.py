@@ -22,14 +22,13 @@ from studies.recipes.size_curve import sglang_size_curve
 from studies.recipes.speed import SPEED_VARIANTS, check_speed
 from studies.recipes.study import (
     MEASURED_CONCURRENCY,
-    grow_rows,
     measure_rows,
     prompt_sets,
     train_rows,
     write_combined,
     write_report,
 )
-from studies.recipes.volume import extra_prompts, multi_turn_held_out, multi_turn_prompts
+from studies.recipes.volume import extra_prompts, grow_rows, multi_turn_held_out, multi_turn_prompts
 
 
 def build_parser() -> argparse.ArgumentParser:

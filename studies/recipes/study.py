@@ -39,25 +39,6 @@ from draftlab.train_draft import (
 )
 from studies.recipes.figures import plot, plot_by_steps
 from studies.recipes.rows import EXTRA_ROWS, ROWS, recipe, row_train_file
-from studies.recipes.volume import grow_train
-
-
-def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> dict[str, dict]:
-    """The data-volume rows' own train files (EXTRA_ROWS) not written yet: the study's train file followed
-    by the row's share of each of its regenerated sets ({set: file}). Returns {row: counts} of those written now,
-    and {row: {"skipped": why}} for a row with a set not given (not regenerated yet: a later call grows it)."""
-    written = {}
-    for row in (r for r in rows if r in EXTRA_ROWS):
-        own = Path(row_train_file(row, train_file))
-        if own.is_file():
-            continue
-        missing = [name for name, _ in EXTRA_ROWS[row] if name not in regenerated]
-        if missing:
-            written[row] = {"skipped": f"its regenerated set {missing[0]!r} is not given"}
-            continue
-        parts = [(Path(regenerated[name]), n) for name, n in EXTRA_ROWS[row]]
-        written[row] = grow_train(Path(train_file), parts, own)
-    return written
 
 
 def row_config(row: str, train_file: str, val_file: str, out: Path, target: str, extra: dict) -> TrainConfig:

@@ -4,7 +4,7 @@ params/blend-offline-large.yaml draws every definition and template and is decon
 reference run's held-out split; its training split still holds the reference blend's own prompts. The
 new ones (not in any reference split, by id or by user text) are the extra data, written compressed so
 that a device session can regenerate them (the GPU machine has other packages, so it cannot blend them).
-Regenerated there (ops/gpu/recipes.sh PHASE=regen), they grow the study's train file (grow_train).
+Regenerated there (ops/gpu/recipes.sh PHASE=regen), they grow the data-volume rows' train files (grow_rows).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from draftlab.blend import dedup_text
 from draftlab.core.errors import InputError
 from draftlab.core.files import atomic_path
 from draftlab.core.records import jsonl_line, read_jsonl
+from studies.recipes.rows import EXTRA_ROWS, row_train_file
 
 
 def extra_prompts(blend_train: Path, seen: list[Path], n: int, out: Path) -> dict:
@@ -153,3 +154,21 @@ def grow_train(train: Path, parts: list[tuple[Path, int]], out: Path) -> dict:
     with atomic_path(out) as tmp, open(tmp, "wb") as f:
         f.writelines(jsonl_line(row) for row in rows + extra)
     return {"train": len(rows), "extra": len(extra), "out": str(out)}
+
+
+def grow_rows(rows: list[str], train_file: str, regenerated: dict[str, str]) -> dict[str, dict]:
+    """The data-volume rows' own train files (EXTRA_ROWS) not written yet: the study's train file followed
+    by the row's share of each of its regenerated sets ({set: file}). Returns {row: counts} of those written now,
+    and {row: {"skipped": why}} for a row with a set not given (not regenerated yet: a later call grows it)."""
+    written = {}
+    for row in (r for r in rows if r in EXTRA_ROWS):
+        own = Path(row_train_file(row, train_file))
+        if own.is_file():
+            continue
+        missing = [name for name, _ in EXTRA_ROWS[row] if name not in regenerated]
+        if missing:
+            written[row] = {"skipped": f"its regenerated set {missing[0]!r} is not given"}
+            continue
+        parts = [(Path(regenerated[name]), n) for name, n in EXTRA_ROWS[row]]
+        written[row] = grow_train(Path(train_file), parts, own)
+    return written

@@ -1,5 +1,5 @@
-"""The recipe study's broad set: each kind's share, its openings reaching the prompt writer, the kinds in turn
-in the written set (a text two kinds wrote kept once), resume, and the study command's bad input."""
+"""The recipe study's broad set: each kind's share, its openings reaching the prompt writer, summaries from real
+prose, the kinds in turn in the written set (a text two kinds wrote kept once), resume, and bad input."""
 
 import json
 import lzma
@@ -10,8 +10,9 @@ import pytest
 
 from draftlab.dataset_discovery.generated_prompts import generate
 from draftlab.dataset_discovery.prompt_filter import FilterConfig, screen
+from draftlab.dataset_discovery.prose import prose_conversations
 from studies.recipes import broad
-from studies.recipes.broad import KINDS, broad_prompts, kind_counts
+from studies.recipes.broad import FROM_PROSE, KINDS, broad_prompts, kind_counts
 from tests.test_generated_prompts import ChatML, stub_completions
 
 SHARED = " how tides work along a long rocky coast, please explain it to me?"
@@ -51,7 +52,8 @@ def test_broad_prompts_write_every_kind_in_turn(tmp_path, monkeypatch):
         result = broad_prompts([url], "stub", 20, tmp_path / "work", tmp_path / "broad.jsonl.xz", concurrency=1)
     finally:
         server.shutdown()
-    assert {k: v["kept"] for k, v in result["kinds"].items()} == kind_counts(20)
+    assert {k: v.get("kept", 0) + v["prose"] for k, v in result["kinds"].items()} == kind_counts(20)
+    assert result["kinds"]["summaries"] == {"prose": 3}  # real passages enough: nothing asked of the target
     rows = [json.loads(line) for line in lzma.open(tmp_path / "broad.jsonl.xz", "rt")]
     kinds = [r["meta"]["kind"] for r in rows]
     assert kinds[:5] == list(KINDS)  # one of each kind in turn
@@ -60,9 +62,13 @@ def test_broad_prompts_write_every_kind_in_turn(tmp_path, monkeypatch):
     assert all(r["messages"][0]["role"] == "user" and len(r["messages"]) == 1 for r in rows)
     for kind, (openings, _, max_tokens) in KINDS.items():
         asked = [b for b in seen if b["prompt"].split("<|im_start|>user\n")[-1] in (openings or ("",))]
+        mine = [r for r in rows if r["meta"]["kind"] == kind]
+        if kind in FROM_PROSE:
+            assert not asked and all(r["source"] == "prose" and r["meta"]["package"] for r in mine)
+            continue
         assert asked and all(b["max_tokens"] == max_tokens for b in asked)
-        mine = [r["messages"][0]["content"] for r in rows if r["meta"]["kind"] == kind]
-        assert all(any(t.startswith(o) for o in openings) for t in mine) if openings else mine
+        texts = [r["messages"][0]["content"] for r in mine]
+        assert all(any(t.startswith(o) for o in openings) for t in texts) if openings else texts
     again = broad_prompts([url], "stub", 20, tmp_path / "work", tmp_path / "broad2.jsonl.xz", concurrency=1)
     assert again["written"] == result["written"]  # resumed from the work folder: nothing asked again
     assert (tmp_path / "broad2.jsonl.xz").read_bytes() == (tmp_path / "broad.jsonl.xz").read_bytes()
@@ -89,3 +95,18 @@ def test_no_opening_is_refused_by_the_filter_whatever_follows():
     for kind, (openings, _, _) in KINDS.items():
         for opening in openings:
             assert screen(opening + rest, FilterConfig(), markers=("<|im_end|>",)) is None, (kind, opening)
+
+
+def test_the_target_writes_the_summaries_that_prose_cannot_fill(tmp_path, monkeypatch):
+    monkeypatch.setattr(broad, "generate", _generate_with(ChatML()))
+    monkeypatch.setattr(broad, "prose_conversations", lambda: prose_conversations(limit=1))
+    server, url, seen = stub_writer()
+    try:
+        result = broad_prompts([url], "stub", 20, tmp_path / "work", tmp_path / "broad.jsonl.xz", concurrency=1)
+    finally:
+        server.shutdown()
+    assert result["kinds"]["summaries"]["prose"] == 1 and result["kinds"]["summaries"]["kept"] == 2
+    rows = [json.loads(line) for line in lzma.open(tmp_path / "broad.jsonl.xz", "rt")]
+    summaries = [r for r in rows if r["meta"]["kind"] == "summaries"]
+    assert [r["source"] for r in summaries] == ["prose", "generated/stub", "generated/stub"]
+    assert all(b["max_tokens"] == 512 for b in seen if b["prompt"].endswith(KINDS["summaries"][0]))

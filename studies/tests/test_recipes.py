@@ -22,6 +22,7 @@ from studies.recipes import figures as recipe_figures
 from studies.recipes import rows as recipe_rows
 from studies.recipes import speed as recipe_speed
 from studies.recipes import study as recipes
+from studies.recipes import volume
 from tests.test_train import write_fixture
 
 SMOKE = {
@@ -361,19 +362,19 @@ def test_a_data_volume_row_trains_on_the_train_file_grown_by_the_regenerated_ext
     with pytest.raises(Exception, match="recipe row data2x: its train file .*train-data2x.jsonl is missing"):
         recipes.train_rows(["data2x"], train, "v.jsonl", tmp_path / "study", target="tiny")
     monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", (("extra", 2),))
-    skipped = recipes.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
+    skipped = volume.grow_rows(["data2x"], train, {"multi-turn": str(regenerated)})
     assert skipped == {"data2x": {"skipped": "its regenerated set 'extra' is not given"}}
     assert not (data / "train-data2x.jsonl").exists()
-    assert recipes.grow_rows(["base", "data2x"], train, {"extra": str(regenerated)}) == {
+    assert volume.grow_rows(["base", "data2x"], train, {"extra": str(regenerated)}) == {
         "data2x": {"train": 2, "extra": 2, "out": cfg.train_file}
     }
     grown = [json.loads(line)["id"] for line in open(cfg.train_file)]
     assert grown == ["t1", "t2", "x1", "x3"]  # the train file, then the first answered extra ones
-    assert recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)}) == {}  # written once
+    assert volume.grow_rows(["data2x"], train, {"extra": str(regenerated)}) == {}  # written once
     monkeypatch.setitem(recipe_rows.EXTRA_ROWS, "data2x", (("extra", 4),))
     (data / "train-data2x.jsonl").unlink()
     with pytest.raises(Exception, match="extra-regen.jsonl: 3 answered conversations, fewer than the 4"):
-        recipes.grow_rows(["data2x"], train, {"extra": str(regenerated)})
+        volume.grow_rows(["data2x"], train, {"extra": str(regenerated)})
     assert not (data / "train-data2x.jsonl").exists()
 
 

@@ -25,6 +25,7 @@ from draftlab.core.paths import repo_path
 from draftlab.core.records import RecordError, read_jsonl, write_jsonl
 from draftlab.dataset_discovery import offline
 from draftlab.dataset_discovery import sources as S
+from draftlab.dataset_discovery.prose import prose_conversations
 from draftlab.dataset_discovery.traffic import read_traffic
 
 SPLITS = ("train", "val", "test")
@@ -66,7 +67,8 @@ SOURCE_KEYS = {
     "path",
     "required",
 }
-KINDS = ("docstrings", "humaneval", "hub", "local", "traffic")  # traffic: served requests (dataset_discovery.traffic)
+# traffic: served requests (dataset_discovery.traffic); prose: passages of installed READMEs to summarise (.prose)
+KINDS = ("docstrings", "humaneval", "prose", "hub", "local", "traffic")
 SPLIT_BY = ("id", "definition")  # what a conversation's split is drawn from (blend.text.split_key)
 DEFAULTS = {
     "seed": 0,
@@ -304,7 +306,7 @@ def _fingerprint(src: dict) -> str:
     if src["kind"] in ("local", "traffic"):
         path = repo_path(src["path"])
         return f"{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.exists() else "missing"
-    if src["kind"] in ("docstrings", "humaneval"):
+    if src["kind"] in ("docstrings", "humaneval", "prose"):
         import importlib.metadata
         import sys
 
@@ -328,6 +330,10 @@ def _load_source(src: dict, spec: dict, limit: int | None, info: dict) -> S.Norm
             source=name,
             templates=int(src.get("templates", 1)),
         )
+        info["versions"] = offline.package_versions(rows)
+        return _checked(rows, name, max_chars)
+    if kind == "prose":
+        rows = prose_conversations(limit, source=name)
         info["versions"] = offline.package_versions(rows)
         return _checked(rows, name, max_chars)
     if kind == "traffic":  # OpenAI chat requests or SGLang's JSON request log; bad rows become rejects
