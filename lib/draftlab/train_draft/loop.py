@@ -395,6 +395,8 @@ class TrainingRun:
             torch.distributed.barrier()
         if step < total and ((cfg.stop_after and step - self.started >= cfg.stop_after) or self.stop_asked()):
             self.save(epoch, j)
+            if self.world > 1:  # no rank leaves before rank 0's checkpoint is written: once one rank exits
+                torch.distributed.barrier()  # stopped, torchrun sends SIGTERM to the others (a second signal)
             return False
         return True
 
