@@ -37,12 +37,12 @@ from draftlab.core.options import number
 from draftlab.core.overlap import EvalIndex
 from draftlab.core.progress import tqdm
 from draftlab.core.records import RecordError, append_jsonl, conversation_id, read_jsonl
-from draftlab.core.serve import LocalServer, require_reachable
+from draftlab.core.serve import require_reachable
 from draftlab.core.stop import graceful_stop
 from draftlab.dataset_discovery.eval_sets import all_eval_texts
 from draftlab.dataset_discovery.prompt_filter import FilterConfig, reason_kind, screen
-from draftlab.model.target import TargetError, load_tokenizer, resolve_device, resolve_path
-from draftlab.sglang.server import TargetServers
+from draftlab.model.target import load_tokenizer
+from draftlab.sglang.server import serve_target
 
 SENTINEL = "\u2063draftlab-user-turn\u2063"  # stands for the user turn while the template is rendered
 RETRIES = 3
@@ -366,21 +366,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return 0
     if args.sglang_servers == 0 and args.sglang_prefix:
         raise InputError("--sglang-prefix: only with --sglang-servers K")
-    try:
-        folder = resolve_path(args.serve)
-    except TargetError as exc:
-        raise InputError(f"--serve {exc}") from exc
     log_dir = Path(args.log_dir or Path(args.out).parent)
-    if args.sglang_servers:
-        servers = TargetServers(str(folder), args.sglang_servers, log_dir, prefix=args.sglang_prefix)
-    else:  # transformers serve samples only without continuous batching (the target's generation config)
-        servers = LocalServer(
-            folder, log_path=log_dir / "serve.log", device=resolve_device(args.device), continuous_batching=False
-        )
+    # transformers serve samples only without continuous batching (the target's generation config)
+    servers = serve_target(
+        args.serve,
+        log_dir,
+        sglang_servers=args.sglang_servers,
+        prefix=args.sglang_prefix,
+        device=args.device,
+        continuous_batching=False,
+    )
     with servers:
         print(f"servers {servers.urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
         fields["model"] = args.model or servers.model
-        fields["tokenizer"] = args.tokenizer or str(folder)
+        fields["tokenizer"] = args.tokenizer or servers.model
         summary = generate(GenConfig(base_urls=[*servers.urls, *args.base_url], **fields))
     print(json.dumps(summary))
     return 0

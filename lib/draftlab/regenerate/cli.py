@@ -12,7 +12,7 @@ from typing import Iterable
 from draftlab.core.errors import InputError, RunFailure, run_command
 from draftlab.core.options import interruptible, number, one_line_errors
 from draftlab.core.serve import LocalServer
-from draftlab.model.target import TargetError, load_target, resolve_device, resolve_path
+from draftlab.model.target import load_target, resolve_path
 from draftlab.regenerate import monitor
 from draftlab.regenerate.batch import regenerate_batch, sweep_batch_sizes
 from draftlab.regenerate.bench import bench_client
@@ -26,7 +26,7 @@ from draftlab.regenerate.config import (
 from draftlab.regenerate.monitor import format_summary, plot_throughput, summarize
 from draftlab.regenerate.outputs import finalize
 from draftlab.regenerate.stage import regenerate
-from draftlab.sglang.server import TargetServers
+from draftlab.sglang.server import serve_target
 
 # ------------------------------------------------------------------ CLI
 
@@ -205,20 +205,15 @@ def _regenerate_cli(args: argparse.Namespace) -> int:
             batch_tokens=args.batch_tokens,
         )
     elif args.serve:
-        try:
-            folder = resolve_path(args.serve)
-        except TargetError as exc:
-            raise InputError(f"--serve {exc}") from exc
         log_dir = Path(args.log_dir or work)
-        if args.sglang_servers:
-            servers = TargetServers(str(folder), args.sglang_servers, log_dir, prefix=args.sglang_prefix)
-        else:
-            servers = LocalServer(folder, log_path=log_dir / "serve.log", device=resolve_device(args.device))
+        servers = serve_target(
+            args.serve, log_dir, sglang_servers=args.sglang_servers, prefix=args.sglang_prefix, device=args.device
+        )
         with servers:
             urls = servers.urls
             print(f"servers {urls} ready in {servers.startup_s:.1f} s (logs in {log_dir})", flush=True)
             config = config_from_args(args, model=args.model or servers.model)
-            config.model_name = args.model_name or Path(folder).name
+            config.model_name = args.model_name or Path(servers.model).name
             summary = regenerate(
                 rows,
                 work,

@@ -15,11 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from draftlab.core.errors import InputError
 from draftlab.core.process import ServerProcess, ServerStartError, stop_stale
+from draftlab.core.serve import LocalServer
+from draftlab.model.target import TargetError, resolve_device, resolve_path
 from draftlab.sglang.commands import regeneration_commands
 from draftlab.sglang.install import server_env
 
-__all__ = ["SGLangServer", "TargetServers", "sglang_argv"]
+__all__ = ["SGLangServer", "TargetServers", "serve_target", "sglang_argv"]
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -129,6 +132,29 @@ class TargetServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def serve_target(
+    spec: str,
+    log_dir: Path,
+    *,
+    sglang_servers: int = 0,
+    prefix: str | None = None,
+    device: str = "auto",
+    continuous_batching: bool = True,
+) -> "TargetServers | LocalServer":
+    """The servers a command's `--serve TARGET` starts for its run: `sglang_servers` SGLang servers on this
+    GPU, or one `transformers serve` (logs in log_dir). Use it as a context manager: `.urls`, `.model` (the
+    served folder) and `.startup_s`. A target that cannot be resolved is an InputError naming --serve."""
+    try:
+        folder = resolve_path(spec)
+    except TargetError as exc:
+        raise InputError(f"--serve {exc}") from exc
+    if sglang_servers:
+        return TargetServers(str(folder), sglang_servers, log_dir, prefix=prefix)
+    return LocalServer(
+        folder, log_path=log_dir / "serve.log", device=resolve_device(device), continuous_batching=continuous_batching
+    )
 
 
 # ---------------------------------------------------------------------------- command line
