@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from draftlab.core.files import atomic_write_json
-from draftlab.sglang.install import server_env
+from ops import gpu_sglang
 from ops.gpu_call import CUT, Call, until
 from studies.recipes.rows import ROWS, row_train_file
 
@@ -47,13 +47,14 @@ def suite_rows(call: Call, rows: list[str], study: Path, data: Path, samples: in
         if rc != DONE:
             call.say(f"suite: {row}: exit {rc}")
             return AGAIN if rc in (CUT, AGAIN) else FAILED
-    summary = write_summary(study / "suite", rows, files, call.sglang_prefix)
+    summary = write_summary(study / "suite", rows, files, gpu_sglang.sglang_dir(call) / "version.txt")
     call.say(f"suite: wrote {summary}")
     return DONE
 
 
-def write_summary(suite: Path, rows: list[str], train_files: list[str], prefix: Path) -> Path:
-    """SUITE/summary.json from each row's SUITE/<row>/sglang/study/eval_suite.json (its draft's server)."""
+def write_summary(suite: Path, rows: list[str], train_files: list[str], version_file: Path) -> Path:
+    """SUITE/summary.json from each row's SUITE/<row>/sglang/study/eval_suite.json (its draft's server);
+    SGLang's version as gpu_sglang.install_sglang recorded it in `version_file`."""
     drafts = {}
     for row in rows:
         per_label = json.loads((suite / row / "sglang/study/eval_suite.json").read_text())
@@ -62,7 +63,7 @@ def write_summary(suite: Path, rows: list[str], train_files: list[str], prefix: 
             raise RuntimeError(f"{suite / row}: expected one speculative server, found {spec}")
         drafts[row] = {"server": spec[0], **per_label[spec[0]]}
     summary = {
-        "sglang_version": _sglang_version(prefix),
+        "sglang_version": version_file.read_text().strip() if version_file.is_file() else "unknown (not recorded)",
         "gpu": _gpu(),
         "settings": "chain S = 6, batch 1, greedy, 128 new tokens",
         "decontaminated_against": [Path(f).name for f in train_files],
@@ -71,12 +72,6 @@ def write_summary(suite: Path, rows: list[str], train_files: list[str], prefix: 
     path = suite / "summary.json"
     atomic_write_json(path, summary, indent=1)
     return path
-
-
-def _sglang_version(prefix: Path) -> str:
-    cmd = ["python3", "-c", "import sglang; print(sglang.__version__)"]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=server_env(str(prefix), check=False))
-    return run.stdout.strip() or f"unknown ({run.stderr.strip()[-120:]})"
 
 
 def _gpu() -> str:

@@ -443,6 +443,9 @@ def test_suite_phase_measures_every_draft_on_the_same_prompts_and_writes_the_sum
     assert gpu_recipes.run_phase(call, "suite", k) == AGAIN  # cut: the next call resumes the row's study
     monkeypatch.delenv("FAKE_SUITE_CUT")
     call.deadline = int(time.time()) + 600
+    version = gpu_recipes.gpu_sglang.sglang_dir(call) / "version.txt"  # as install_sglang records it
+    version.parent.mkdir(parents=True, exist_ok=True)
+    version.write_text("0.5.17\n")
     assert gpu_recipes.run_phase(call, "suite", k) == DONE
     runs = [r["argv"] for r in logged(tmp_path)[-2:]]
     drafts = [str(study / row / "draft") for row in ("best-data2x", "best-broad")]
@@ -461,7 +464,8 @@ def test_suite_phase_measures_every_draft_on_the_same_prompts_and_writes_the_sum
         "best-data2x": 2.0,
         "best-broad": 3.0,
     }
-    assert summary["drafts"]["best-broad"]["server"] == "chain6" and "gpu" in summary and "sglang_version" in summary
+    assert summary["drafts"]["best-broad"]["server"] == "chain6" and "gpu" in summary
+    assert summary["sglang_version"] == "0.5.17"
     with tarfile.open(call.out / "recipes.tar.gz") as tar:
         assert "recipes/suite/summary.json" in tar.getnames()
 
