@@ -93,9 +93,33 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tmp_path):
         time.sleep(0.2)
     ranks = _rank_pids(proc.pid)
     os.kill(ranks[1], signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:  # a hung run must not outlive the test: torchrun, then its ranks
+        if proc.poll() is None:
+            for pid in [*ranks.values(), proc.pid]:
+                os.kill(pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert "stopped by SIGTERM" in stderr, stderr[-3000:]
     step = int((out / "latest").read_text().strip().split("-")[1])
     summary = json.loads((out / "summary.json").read_text())
     assert 0 < step == summary["steps"] < summary["total_steps"] and not summary["finished"]
+
+
+def test_a_signal_just_after_the_agreement_waits_for_the_next_step(monkeypatch):
+    """The signal lands on this rank right after the all-reduce said no rank had one: this rank must answer
+    what was agreed (go on, as the others do) and keep the signal for the next step's agreement."""
+    from types import SimpleNamespace
+
+    from draftlab.core.stop import StopRequest
+    from draftlab.train_draft.loop import TrainingRun
+
+    run = SimpleNamespace(world=2, device="cpu", stop=StopRequest("resume"), halted=False)
+
+    def all_reduce_then_signal(tensor, op=None):  # no rank had one; then SIGTERM arrives here
+        run.stop._handle(15, None)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce_then_signal)
+    assert TrainingRun.stop_asked(run) is False and run.stop.requested == 15
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None: None)
+    assert TrainingRun.stop_asked(run) is True  # the next step's agreement carries it to every rank

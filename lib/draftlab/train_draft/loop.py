@@ -410,12 +410,18 @@ class TrainingRun:
 
     def stop_asked(self) -> bool:
         """A signal came (core.stop). Several processes agree every step (each may get it at another step;
-        the step loop syncs on its stats anyway), so that every rank stops at the same one."""
-        if self.world > 1:  # the signal any rank got, on every rank
-            asked = torch.tensor([float(self.stop.requested)], device=self.device)
-            torch.distributed.all_reduce(asked, op=torch.distributed.ReduceOp.MAX)
-            self.stop.requested = self.stop.requested or int(asked.item())
-        self.halted = bool(self.stop)
+        the step loop syncs on its stats anyway), so that every rank stops at the same one. The answer is
+        the agreed value, never a second read of `requested`: a signal landing just after the all-reduce
+        would otherwise stop this rank alone, leaving the others in the next step's collectives."""
+        if self.world == 1:
+            self.halted = bool(self.stop)
+            return self.halted
+        asked = torch.tensor([float(self.stop.requested)], device=self.device)
+        torch.distributed.all_reduce(asked, op=torch.distributed.ReduceOp.MAX)  # the signal any rank got
+        agreed = int(asked.item())
+        if agreed and not self.stop.requested:
+            self.stop.requested = agreed  # for the one line that names the signal
+        self.halted = bool(agreed)
         return self.halted
 
     def loop(self) -> None:
